@@ -1,0 +1,1 @@
+"""Post-training research library for large Mixture-of-Experts code models."""

@@ -1,0 +1,1 @@
+"""Data: the synthetic corpus and packed batches."""

@@ -1,0 +1,1 @@
+"""The MoE transformer: config, layers, attention, experts, decoder, decoding."""

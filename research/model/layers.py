@@ -1,0 +1,78 @@
+"""Parameter specs and the small layers shared by attention and MoE: RMSNorm, RoPE, SwiGLU."""
+
+import dataclasses
+import zlib
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+  """Shape, logical axes and initializer of one parameter: the single source for init and sharding."""
+  shape: tuple[int, ...]
+  axes: tuple[str | None, ...]
+  init: str = 'normal'  # 'normal' (scaled by std), 'ones' or 'zeros'.
+  std: float = 0.02
+
+  def __post_init__(self):
+    assert len(self.shape) == len(self.axes), (self.shape, self.axes)
+
+
+def stack(specs, n: int):
+  """Adds a leading `layers` axis of size n to every spec in a tree."""
+  return jax.tree.map(lambda s: dataclasses.replace(s, shape=(n, *s.shape), axes=('layers', *s.axes)),
+                      specs, is_leaf=is_spec)
+
+
+def is_spec(x) -> bool:
+  return isinstance(x, ParamSpec)
+
+
+def materialize(specs, rng: jax.Array, dtype) -> dict:
+  """Initializes a tree of ParamSpec; each leaf gets an rng folded from its path (stable under edits)."""
+  def one(path, s: ParamSpec):
+    if s.init == 'ones':
+      return jnp.ones(s.shape, dtype)
+    if s.init == 'zeros':
+      return jnp.zeros(s.shape, dtype)
+    key = jax.random.fold_in(rng, zlib.crc32(jax.tree_util.keystr(path).encode()) % (2**31))
+    return (s.std * jax.random.truncated_normal(key, -2.0, 2.0, s.shape, jnp.float32)).astype(dtype)
+  return jax.tree_util.tree_map_with_path(one, specs, is_leaf=is_spec)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm in float32 over the last axis."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x_BxTxHxR: jax.Array, pos_BxT: jax.Array, theta: float, interleaved: bool) -> jax.Array:
+  """Rotary embedding. interleaved rotates pairs (2i, 2i+1) (DeepSeek), else halves (i, i+R/2)."""
+  r = x_BxTxHxR.shape[-1]
+  freq = theta ** (-jnp.arange(0, r, 2, dtype=jnp.float32) / r)
+  ang_BxTx1xR2 = (pos_BxT.astype(jnp.float32)[..., None] * freq)[:, :, None, :]
+  sin, cos = jnp.sin(ang_BxTx1xR2), jnp.cos(ang_BxTx1xR2)
+  x = x_BxTxHxR.astype(jnp.float32)
+  if interleaved:
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    y = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)
+  else:
+    x1, x2 = x[..., : r // 2], x[..., r // 2:]
+    y = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return y.astype(x_BxTxHxR.dtype)
+
+
+def swiglu_specs(d: int, f: int, embed_axis: str = 'embed', mlp_axis: str = 'mlp') -> dict:
+  return {
+      'wi_gate': ParamSpec((d, f), (embed_axis, mlp_axis)),
+      'wi_up': ParamSpec((d, f), (embed_axis, mlp_axis)),
+      'wo': ParamSpec((f, d), (mlp_axis, embed_axis)),
+  }
+
+
+def swiglu(p: dict, x: jax.Array) -> jax.Array:
+  h = jax.nn.silu(x @ p['wi_gate'].astype(x.dtype)) * (x @ p['wi_up'].astype(x.dtype))
+  return h @ p['wo'].astype(x.dtype)
+

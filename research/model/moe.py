@@ -1,0 +1,251 @@
+"""Dropless Mixture-of-Experts: router, grouped expert FFN on three paths, expert parallelism.
+
+Paths (same math, chosen per backend by `moe_impl`):
+  dense   - every token through every expert, combined with a sparse weight matrix. Test reference.
+  ragged  - sort token copies by expert, `jax.lax.ragged_dot`, unsort. A grouped GEMM on GPU/TPU;
+            on CPU XLA lowers it to a product over all experts (E/k times the FLOPs).
+  blocked - sort by expert, pad each expert's group to a multiple of a block size, one batched matmul
+            over blocks with each block's expert weights. Compiled FLOPs stay within
+            1 + E * (block - 1) / (N * k) of the ideal, so it is the CPU path.
+Expert parallelism: `jax.shard_map` over the mesh; token copies travel to the devices that own their
+experts in fixed-size buffers through one all-to-all and come back through another.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from research.model.config import ModelConfig
+from research.model.layers import ParamSpec, swiglu, swiglu_specs
+from research.parallel.mesh import BATCH_AXES
+
+
+def moe_specs(cfg: ModelConfig) -> dict:
+  e, d, f = cfg.num_experts, cfg.d_model, cfg.d_expert
+  out_std = cfg.init_std / (2 * cfg.num_layers) ** 0.5
+  specs = {
+      'router': ParamSpec((d, e), ('embed', None)),
+      'wi_gate': ParamSpec((e, d, f), ('experts', 'expert_embed', 'expert_mlp')),
+      'wi_up': ParamSpec((e, d, f), ('experts', 'expert_embed', 'expert_mlp')),
+      'wo': ParamSpec((e, f, d), ('experts', 'expert_mlp', 'expert_embed'), std=out_std),
+  }
+  if cfg.router == 'sigmoid':
+    specs['router_bias'] = ParamSpec((e,), (None,), 'zeros')
+  if cfg.num_shared_experts:
+    specs['shared'] = swiglu_specs(d, cfg.num_shared_experts * f)
+  return specs
+
+
+# ----------------------------------------------------------------------------------------------
+# Router.
+
+
+def route(p: dict, x_NxD, valid_N, cfg: ModelConfig):
+  """Top-k routing in float32. Returns (weights_NxK, experts_NxK, stats).
+
+  softmax: probs over all experts, top-k, optional renormalisation (Qwen3-MoE).
+  sigmoid: scores s; selection by s + bias (bias only for selection), optional group limit;
+           combine weights from the unbiased s, normalised, times routed_scaling_factor (DeepSeek-V3).
+  """
+  e, k = cfg.num_experts, cfg.num_experts_per_tok
+  logits_NxE = x_NxD.astype(jnp.float32) @ p['router'].astype(jnp.float32)
+  if cfg.router == 'softmax':
+    probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
+    weights, experts = jax.lax.top_k(probs_NxE, k)
+    if cfg.norm_topk_prob:
+      weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  else:
+    s_NxE = jax.nn.sigmoid(logits_NxE)
+    choice_NxE = s_NxE + jax.lax.stop_gradient(p['router_bias'].astype(jnp.float32))
+    if cfg.n_group > 1:
+      groups = choice_NxE.reshape(-1, cfg.n_group, e // cfg.n_group)
+      group_score = jnp.sum(jax.lax.top_k(groups, min(2, e // cfg.n_group))[0], axis=-1)
+      _, keep = jax.lax.top_k(group_score, cfg.topk_group)
+      keep_NxG = jnp.zeros_like(group_score, bool).at[jnp.arange(keep.shape[0])[:, None], keep].set(True)
+      choice_NxE = jnp.where(jnp.repeat(keep_NxG, e // cfg.n_group, axis=1), choice_NxE, -jnp.inf)
+    _, experts = jax.lax.top_k(choice_NxE, k)
+    weights = jnp.take_along_axis(s_NxE, experts, axis=-1)
+    if cfg.norm_topk_prob:
+      weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    weights = weights * cfg.routed_scaling_factor
+    probs_NxE = s_NxE / jnp.sum(s_NxE, axis=-1, keepdims=True)
+  # Statistics over real (non-padding) tokens.
+  v = valid_N.astype(jnp.float32)
+  n_valid = jnp.maximum(jnp.sum(v), 1.0)
+  counts_E = jnp.zeros((e,), jnp.float32).at[experts.reshape(-1)].add(jnp.repeat(v, k))
+  load_E = counts_E / (n_valid * k)  # Fraction of routed copies per expert; sums to 1.
+  mean_prob_E = jnp.sum(probs_NxE * v[:, None], axis=0) / n_valid
+  stats = {
+      'load': load_E,
+      'aux_loss': e * jnp.sum(jax.lax.stop_gradient(load_E) * mean_prob_E),
+      'z_loss': jnp.sum(jax.nn.logsumexp(logits_NxE, axis=-1) ** 2 * v) / n_valid,
+  }
+  return weights, experts, stats
+
+
+def update_router_bias(bias_E, load_E, rate: float):
+  """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones."""
+  return bias_E + rate * jnp.sign(jnp.mean(load_E) - load_E).astype(bias_E.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert FFN paths. Weights: wi_gate, wi_up (E, D, F), wo (E, F, D).
+
+
+def experts_dense(p, x_NxD, weights_NxK, experts_NxK):
+  """Reference: every expert on every token."""
+  dt = x_NxD.dtype
+  h = jax.nn.silu(jnp.einsum('nd,edf->nef', x_NxD, p['wi_gate'].astype(dt)))
+  h = h * jnp.einsum('nd,edf->nef', x_NxD, p['wi_up'].astype(dt))
+  y_NxExD = jnp.einsum('nef,efd->ned', h, p['wo'].astype(dt))
+  n = x_NxD.shape[0]
+  combine_NxE = jnp.zeros((n, p['wo'].shape[0]), dt).at[jnp.arange(n)[:, None], experts_NxK].add(
+      weights_NxK.astype(dt))
+  return jnp.einsum('ned,ne->nd', y_NxExD, combine_NxE)
+
+
+def block_size(num_rows: int, num_experts: int, requested: int = 0) -> int:
+  """Largest power of two whose padding (< E * block rows) stays under 25% of the rows."""
+  if requested:
+    return requested
+  target = max(1, num_rows // (4 * num_experts))
+  return min(256, 1 << (target.bit_length() - 1))
+
+
+def _ffn_ragged(p, xs_MxD, group_sizes_E):
+  dt = xs_MxD.dtype
+  rd = lambda x, w: jax.lax.ragged_dot(x, w.astype(dt), group_sizes_E)
+  return rd(jax.nn.silu(rd(xs_MxD, p['wi_gate'])) * rd(xs_MxD, p['wi_up']), p['wo'])
+
+
+def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
+  """Grouped matmul over blocks; rows past sum(group_sizes) are ignored (their output is zero)."""
+  m, d = xs_MxD.shape
+  e = group_sizes_E.shape[0]
+  n_blocks = (m + e * (block - 1)) // block  # Upper bound on sum_e ceil(g_e / block).
+  padded_E = -(-group_sizes_E // block) * block
+  padded_end_E = jnp.cumsum(padded_E)
+  start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
+  row_expert_M = jnp.searchsorted(jnp.cumsum(group_sizes_E), jnp.arange(m), side='right')
+  real_M = row_expert_M < e
+  row_expert_M = jnp.minimum(row_expert_M, e - 1)
+  dest_M = padded_end_E[row_expert_M] - padded_E[row_expert_M] + jnp.arange(m) - start_E[row_expert_M]
+  dest_M = jnp.where(real_M, dest_M, n_blocks * block)  # Out of range: dropped by the scatter.
+  xb = jnp.zeros((n_blocks * block, d), xs_MxD.dtype).at[dest_M].set(xs_MxD, mode='drop')
+  xb_BxRxD = xb.reshape(n_blocks, block, d)
+  block_expert_B = jnp.minimum(
+      jnp.searchsorted(padded_end_E, jnp.arange(n_blocks) * block, side='right'), e - 1)
+  dt = xs_MxD.dtype
+  w = lambda name: p[name].astype(dt)[block_expert_B]
+  h = jax.nn.silu(jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_gate')))
+  h = h * jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_up'))
+  yb = jnp.einsum('brf,bfd->brd', h, w('wo')).reshape(-1, d)
+  return jnp.where(real_M[:, None], yb.at[dest_M].get(mode='fill', fill_value=0), 0)
+
+
+def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0):
+  """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored)."""
+  if impl == 'ragged':
+    return _ffn_ragged(p, xs_MxD, group_sizes_E)
+  return _ffn_blocked(p, xs_MxD, group_sizes_E,
+                      block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block))
+
+
+def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0):
+  """Sort token copies by expert, grouped FFN, unsort and combine. No token is dropped."""
+  n, k = experts_NxK.shape
+  e = p['wo'].shape[0]
+  flat_e = experts_NxK.reshape(-1)
+  order = jnp.argsort(flat_e, stable=True)
+  xs = x_NxD[order // k]
+  group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
+  ys = grouped_ffn(p, xs, group_sizes, impl, block)
+  y_NxKxD = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
+  return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
+
+
+def resolve_impl(impl: str) -> str:
+  if impl != 'auto':
+    return impl
+  return 'ragged' if jax.default_backend() in ('gpu', 'tpu') else 'blocked'
+
+
+def _local_experts(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int):
+  if impl == 'dense':
+    return experts_dense(p, x_NxD, weights_NxK, experts_NxK)
+  return experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl, block)
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert parallelism.
+
+
+def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, mesh):
+  """shard_map over the mesh: tokens split over BATCH_AXES, experts over `expert`, F over `tensor`.
+
+  Each device sends its token copies to the owners of their experts in buffers of N_local * k rows
+  per destination (enough for any routing, so nothing is dropped), runs its local experts on what
+  it receives, and sends the results back. `tensor` shards the expert hidden units, so the
+  down-projection's partial sums are added with a psum.
+  """
+  ep = mesh.shape['expert']
+  e = p['wo'].shape[0]
+  e_local = e // ep
+  wspec = {'wi_gate': P('expert', None, 'tensor'), 'wi_up': P('expert', None, 'tensor'),
+           'wo': P('expert', 'tensor', None)}
+  tok = P(BATCH_AXES, None)
+  pw = {k: p[k] for k in wspec}
+
+  def body(pw, x_NxD, weights_NxK, experts_NxK):
+    n, k = experts_NxK.shape
+    c = n * k
+    flat_e = experts_NxK.reshape(-1)
+    dest = flat_e // e_local
+    order = jnp.argsort(dest, stable=True)
+    counts = jnp.bincount(dest, length=ep)
+    rank = jnp.arange(c) - (jnp.cumsum(counts) - counts)[dest[order]]
+    slot = dest[order] * c + rank  # Row in the (ep * c) send buffer.
+    send_x = jnp.zeros((ep * c, x_NxD.shape[1]), x_NxD.dtype).at[slot].set(x_NxD[order // k])
+    send_e = jnp.full((ep * c,), e_local, jnp.int32).at[slot].set(flat_e[order] % e_local)
+    a2a = lambda a: jax.lax.all_to_all(a.reshape(ep, c, *a.shape[1:]), 'expert', 0, 0,
+                                       tiled=False).reshape(ep * c, *a.shape[1:])
+    recv_x, recv_e = a2a(send_x), a2a(send_e)
+    # Local experts on received rows; padding rows carry id e_local and sort to the end.
+    r_order = jnp.argsort(recv_e, stable=True)
+    group_sizes = jnp.bincount(recv_e, length=e_local + 1)[:e_local].astype(jnp.int32)
+    if impl == 'dense':
+      real = (recv_e < e_local).astype(recv_x.dtype)[:, None]
+      y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
+    else:
+      ys = grouped_ffn(pw, recv_x[r_order], group_sizes, impl, block)
+      y = jnp.zeros_like(ys).at[r_order].set(ys)
+    y = jax.lax.psum(y, 'tensor')
+    back = a2a(y)
+    y_copies = jnp.zeros((c, back.shape[1]), back.dtype).at[order].set(back[slot])
+    y_NxKxD = y_copies.reshape(n, k, -1)
+    return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
+
+  return jax.shard_map(body, mesh=mesh, in_specs=(wspec, tok, tok, tok), out_specs=tok,
+                       check_vma=False)(pw, x_NxD, weights_NxK, experts_NxK)
+
+
+def moe(p: dict, x_BxTxD, valid_BxT, cfg: ModelConfig):
+  """Returns (y_BxTxD, stats). stats: load (E,), aux_loss, z_loss."""
+  b, t, d = x_BxTxD.shape
+  x_NxD = x_BxTxD.reshape(b * t, d)
+  weights, experts, stats = route(p, x_NxD, valid_BxT.reshape(-1), cfg)
+  impl = resolve_impl(cfg.moe_impl)
+  mesh = jax.sharding.get_abstract_mesh()
+  if cfg.expert_parallel and not mesh.empty and mesh.shape.get('expert', 1) > 1:
+    y = _expert_parallel(p, x_NxD, weights, experts, impl, cfg.moe_block_size, mesh)
+  else:
+    y = _local_experts(p, x_NxD, weights, experts, impl, cfg.moe_block_size)
+  if cfg.num_shared_experts:
+    y = y + swiglu(p['shared'], x_NxD)
+  return y.reshape(b, t, d), stats
+
+
+def ideal_flops(num_tokens: int, cfg: ModelConfig) -> float:
+  """FLOPs of the routed experts with exactly k experts per token (the grouped paths' target)."""
+  return 6.0 * num_tokens * cfg.num_experts_per_tok * cfg.d_model * cfg.d_expert
+

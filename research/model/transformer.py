@@ -1,0 +1,141 @@
+"""The decoder: embed, scanned dense layers, scanned MoE layers, norm, unembed. Pure functions.
+
+params = {'embed': {'embedding': V x D},
+          'dense_layers': {...stacked first_k_dense...},   # only if first_k_dense > 0
+          'moe_layers': {...stacked num_layers - first_k_dense...},
+          'final_norm': {'scale': D}, 'lm_head': {'kernel': D x V}}
+Every leaf has logical axes (`param_axes`) that research/parallel/sharding.py maps onto the mesh.
+The MoE router bias (sigmoid router) lives in params but takes no gradient: the train step updates
+it from the measured load (`research.model.moe.update_router_bias`).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from research.model import attention as attn_lib
+from research.model import moe as moe_lib
+from research.model.config import ModelConfig
+from research.model.layers import ParamSpec, is_spec, materialize, rms_norm, stack, swiglu, swiglu_specs
+from research.parallel.sharding import constrain
+
+_REMAT = {
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _layer_specs(cfg: ModelConfig, is_moe: bool) -> dict:
+  d = cfg.d_model
+  return {
+      'attn_norm': ParamSpec((d,), ('norm',), 'ones'),
+      'attn': attn_lib.attention_specs(cfg),
+      'mlp_norm': ParamSpec((d,), ('norm',), 'ones'),
+      **({'moe': moe_lib.moe_specs(cfg)} if is_moe else {'mlp': swiglu_specs(d, cfg.d_ff)}),
+  }
+
+
+def param_specs(cfg: ModelConfig) -> dict:
+  cfg.validate()
+  d, v = cfg.d_model, cfg.vocab_size
+  specs = {
+      # Rows unsharded: a gather from a vocab-sharded table forces XLA to replicate it.
+      'embed': {'embedding': ParamSpec((v, d), (None, 'embed'), std=1.0)},
+      'final_norm': {'scale': ParamSpec((d,), ('norm',), 'ones')},
+      'lm_head': {'kernel': ParamSpec((d, v), ('embed', 'vocab'))},
+  }
+  if cfg.first_k_dense:
+    specs['dense_layers'] = stack(_layer_specs(cfg, False), cfg.first_k_dense)
+  if cfg.num_moe_layers:
+    specs['moe_layers'] = stack(_layer_specs(cfg, True), cfg.num_moe_layers)
+  return specs
+
+
+def init(cfg: ModelConfig, rng: jax.Array) -> dict:
+  return materialize(param_specs(cfg), rng, jnp.dtype(cfg.param_dtype))
+
+
+def param_axes(cfg: ModelConfig) -> dict:
+  return jax.tree.map(lambda s: s.axes, param_specs(cfg), is_leaf=is_spec)
+
+
+def is_trainable(path) -> bool:
+  """False for leaves updated outside the optimizer (the router's selection bias)."""
+  return not any(getattr(k, 'key', None) == 'router_bias' for k in path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward.
+
+
+def _block(cfg: ModelConfig, is_moe: bool, carry, xs):
+  """One decoder layer; scanned over the stacked layer params (and their cache slices)."""
+  x, pos, mask, valid, write_at = carry
+  p, cache = xs
+  h, cache, max_logit_H = attn_lib.attention(
+      p['attn'], rms_norm(x, p['attn_norm'], cfg.norm_eps), pos, mask, cfg, cache, write_at)
+  x = x + h
+  h_in = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
+  if is_moe:
+    h, stats = moe_lib.moe(p['moe'], h_in, valid, cfg)
+  else:
+    h, stats = swiglu(p['mlp'], h_in), {}
+  x = constrain(x + h, ('act_batch', 'act_seq', 'act_embed'))
+  return (x, pos, mask, valid, write_at), (cache, {'attn_max_logit': max_logit_H, **stats})
+
+
+def _run_stack(cfg, is_moe, layers, cache, carry):
+  fn = functools.partial(_block, cfg, is_moe)
+  if cfg.remat != 'none':
+    fn = jax.checkpoint(fn, policy=_REMAT[cfg.remat])
+  return jax.lax.scan(fn, carry, (layers, cache))
+
+
+def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, segment_ids_BxT=None,
+            cache=None):
+  """Logits for tokens_BxT. Returns (logits_BxTxV float32, aux, new_cache).
+
+  Without a cache: causal attention within segments (segment id 0 = padding; default: all 1) at
+  `positions_BxT` (default: 0..T-1). With a cache (see research/model/decode.py): the tokens are
+  written at slot cache['end'], attend to every valid earlier slot, and positions default to
+  cache['pos'] + 0..T-1.
+  aux: per-layer stacks 'load' (L_moe x E), 'aux_loss', 'z_loss' (L_moe), 'attn_max_logit' (L x H).
+  """
+  b, t = tokens_BxT.shape
+  dt = jnp.dtype(cfg.dtype)
+  if cache is None:
+    seg = jnp.ones((b, t), jnp.int32) if segment_ids_BxT is None else segment_ids_BxT
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions_BxT is None else positions_BxT
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    mask = causal[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+    valid, write_at = seg != 0, None
+  else:
+    s = cache['valid'].shape[1]
+    write_at = cache['end']
+    valid = jnp.ones((b, t), bool) if segment_ids_BxT is None else segment_ids_BxT != 0
+    kv_valid = jax.lax.dynamic_update_slice_in_dim(cache['valid'], valid, write_at, axis=1)
+    slots = write_at + jnp.arange(t)
+    pos = cache['pos'][:, None] + jnp.cumsum(valid, axis=1) - 1 if positions_BxT is None else positions_BxT
+    mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slots[None, :, None])
+  # FSDP: gather the table, then look up (XLA cannot reshard a D-sharded lookup to batch-sharded).
+  x = constrain(params['embed']['embedding'].astype(dt), (None, None))[tokens_BxT]
+  x = constrain(x, ('act_batch', 'act_seq', 'act_embed'))
+  carry = (x, pos, mask, valid, write_at)
+  aux, new_cache = {}, {} if cache is not None else None
+  for name, is_moe in (('dense_layers', False), ('moe_layers', True)):
+    if name not in params:
+      continue
+    layer_cache = None if cache is None else cache[name]
+    carry, (layer_cache, stats) = _run_stack(cfg, is_moe, params[name], layer_cache, carry)
+    if cache is not None:
+      new_cache[name] = layer_cache
+    for key, val in stats.items():
+      aux[key] = val if key not in aux else jnp.concatenate([aux[key], val])
+  x = rms_norm(carry[0], params['final_norm']['scale'], cfg.norm_eps)
+  logits = jnp.einsum('btd,dv->btv', x, params['lm_head']['kernel'].astype(dt),
+                      preferred_element_type=jnp.float32)
+  logits = constrain(logits, ('act_batch', 'act_seq', 'act_vocab'))
+  if cache is not None:
+    new_cache.update(valid=kv_valid, end=write_at + t, pos=pos[:, -1] + 1)
+  return logits, aux, new_cache

@@ -1,0 +1,1 @@
+"""Device meshes and logical-axis sharding rules."""

@@ -1,0 +1,1 @@
+"""Training: the pure step, optimizers from config, the loop."""

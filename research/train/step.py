@@ -1,0 +1,115 @@
+"""The pure training step and the sharded state it runs on.
+
+`train_step(state, batch, rng) -> (state, metrics)` is jitted with explicit in/out shardings and
+donates the state. The router's selection bias takes no gradient: it is updated after the optimizer
+from the load the forward pass measured (aux-loss-free balancing).
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from research.model import moe as moe_lib
+from research.model import transformer
+from research.model.config import ModelConfig
+from research.parallel import sharding
+from research.parallel.mesh import BATCH_AXES
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: dict
+  opt_state: optax.OptState
+
+
+def trainable_labels(params) -> dict:
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: 'train' if transformer.is_trainable(path) else 'frozen', params)
+
+
+def freeze_untrainable(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """Routes leaves that are updated outside the optimizer (router bias) to a zero update."""
+  return optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, trainable_labels)
+
+
+def loss_fn(params, batch, cfg: ModelConfig):
+  """Mean next-token cross-entropy over loss_mask, plus router losses. Returns (loss, aux)."""
+  logits, aux, _ = transformer.forward(params, batch['tokens'], cfg,
+                                       segment_ids_BxT=batch['segment_ids'])
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  nll_BxT = -jnp.take_along_axis(logp, batch['targets'][..., None], axis=-1)[..., 0]
+  mask = batch['loss_mask'].astype(jnp.float32)
+  ce = jnp.sum(nll_BxT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  loss = ce
+  if 'load' in aux:
+    loss += cfg.aux_loss_coef * jnp.sum(aux['aux_loss']) + cfg.z_loss_coef * jnp.sum(aux['z_loss'])
+  return loss, {'ce': ce, **aux}
+
+
+def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConfig,
+               tx: optax.GradientTransformation):
+  """One optimizer step. rng is reserved for stochastic layers (none yet) and kept in the API."""
+  del rng
+  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, cfg)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {'loss': loss, 'ce': aux['ce'], 'grad_norm': optax.global_norm(grads),
+             'tokens': jnp.sum(batch['loss_mask'])}
+  if 'load' in aux:
+    load_LxE = aux['load']
+    if cfg.router == 'sigmoid' and cfg.bias_update_rate:
+      moe_p = params['moe_layers']['moe']
+      params['moe_layers']['moe'] = {**moe_p, 'router_bias': jax.vmap(
+          moe_lib.update_router_bias, (0, 0, None))(moe_p['router_bias'], load_LxE, cfg.bias_update_rate)}
+    metrics.update(router_max_load=jnp.max(load_LxE) * cfg.num_experts,
+                   aux_loss=jnp.sum(aux['aux_loss']), z_loss=jnp.sum(aux['z_loss']))
+  metrics['attn_max_logit'] = jnp.max(aux['attn_max_logit'])
+  return TrainState(state.step + 1, params, opt_state), metrics
+
+
+@dataclasses.dataclass
+class Trainer:
+  """Sharded init and the jitted step for one model config, optimizer and mesh."""
+  cfg: ModelConfig
+  tx: optax.GradientTransformation
+  mesh: Mesh
+  rules: sharding.Rules = dataclasses.field(default_factory=lambda: sharding.RULES)
+
+  def __post_init__(self):
+    self.tx = freeze_untrainable(self.tx)
+    shapes = jax.eval_shape(lambda: transformer.init(self.cfg, jax.random.key(0)))
+    self.param_shardings = sharding.tree_shardings(transformer.param_axes(self.cfg), shapes,
+                                                   self.mesh, self.rules)
+    self.batch_sharding = NamedSharding(self.mesh, P(BATCH_AXES))
+
+  def init(self, rng: jax.Array) -> TrainState:
+    with jax.set_mesh(self.mesh):
+      params = jax.jit(transformer.init, static_argnums=0,
+                       out_shardings=self.param_shardings)(self.cfg, rng)
+      # Optimizer state follows the params' shardings through propagation.
+      opt_state = jax.jit(self.tx.init)(params)
+    step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
+    state = TrainState(step, params, opt_state)
+    self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    return state
+
+  def step_fn(self) -> Callable:
+    step = jax.jit(
+        lambda s, b, r: train_step(s, b, r, cfg=self.cfg, tx=self.tx),
+        in_shardings=(self.state_shardings, self.batch_sharding, None),
+        out_shardings=(self.state_shardings, None),
+        donate_argnums=0)
+
+    def run(state, batch, rng):
+      with jax.set_mesh(self.mesh):
+        return step(state, batch, rng)
+    return run
+
+  def put_batch(self, batch: dict) -> dict:
+    return jax.device_put(batch, self.batch_sharding)
