@@ -40,35 +40,37 @@ def moe_specs(cfg: ModelConfig) -> dict:
 # Router.
 
 
-def route(p: dict, x_NxD, valid_N, cfg: ModelConfig):
+def route(p: dict, x_NxD, valid_N, cfg: ModelConfig, experts_NxK=None):
   """Top-k routing in float32. Returns (weights_NxK, experts_NxK, stats).
 
   softmax: probs over all experts, top-k, optional renormalisation (Qwen3-MoE).
   sigmoid: scores s; selection by s + bias (bias only for selection), optional group limit;
            combine weights from the unbiased s, normalised, times routed_scaling_factor (DeepSeek-V3).
+  Given experts_NxK (router replay), selection is skipped and only the weights are recomputed.
   """
   e, k = cfg.num_experts, cfg.num_experts_per_tok
   logits_NxE = x_NxD.astype(jnp.float32) @ p['router'].astype(jnp.float32)
   if cfg.router == 'softmax':
-    probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
-    weights, experts = jax.lax.top_k(probs_NxE, k)
-    if cfg.norm_topk_prob:
-      weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    score_NxE = probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
+    choice_NxE = score_NxE
   else:
-    s_NxE = jax.nn.sigmoid(logits_NxE)
-    choice_NxE = s_NxE + jax.lax.stop_gradient(p['router_bias'].astype(jnp.float32))
+    score_NxE = jax.nn.sigmoid(logits_NxE)
+    probs_NxE = score_NxE / jnp.sum(score_NxE, axis=-1, keepdims=True)
+    choice_NxE = score_NxE + jax.lax.stop_gradient(p['router_bias'].astype(jnp.float32))
     if cfg.n_group > 1:
       groups = choice_NxE.reshape(-1, cfg.n_group, e // cfg.n_group)
       group_score = jnp.sum(jax.lax.top_k(groups, min(2, e // cfg.n_group))[0], axis=-1)
       _, keep = jax.lax.top_k(group_score, cfg.topk_group)
       keep_NxG = jnp.zeros_like(group_score, bool).at[jnp.arange(keep.shape[0])[:, None], keep].set(True)
       choice_NxE = jnp.where(jnp.repeat(keep_NxG, e // cfg.n_group, axis=1), choice_NxE, -jnp.inf)
-    _, experts = jax.lax.top_k(choice_NxE, k)
-    weights = jnp.take_along_axis(s_NxE, experts, axis=-1)
-    if cfg.norm_topk_prob:
-      weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+  if experts_NxK is None:
+    _, experts_NxK = jax.lax.top_k(choice_NxE, k)
+  experts = experts_NxK
+  weights = jnp.take_along_axis(score_NxE, experts, axis=-1)
+  if cfg.norm_topk_prob:
+    weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+  if cfg.router == 'sigmoid':
     weights = weights * cfg.routed_scaling_factor
-    probs_NxE = s_NxE / jnp.sum(s_NxE, axis=-1, keepdims=True)
   # Statistics over real (non-padding) tokens.
   v = valid_N.astype(jnp.float32)
   n_valid = jnp.maximum(jnp.sum(v), 1.0)
@@ -79,6 +81,7 @@ def route(p: dict, x_NxD, valid_N, cfg: ModelConfig):
       'load': load_E,
       'aux_loss': e * jnp.sum(jax.lax.stop_gradient(load_E) * mean_prob_E),
       'z_loss': jnp.sum(jax.nn.logsumexp(logits_NxE, axis=-1) ** 2 * v) / n_valid,
+      'routes': experts.astype(jnp.int32),
   }
   return weights, experts, stats
 
@@ -229,11 +232,14 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
                        check_vma=False)(pw, x_NxD, weights_NxK, experts_NxK)
 
 
-def moe(p: dict, x_BxTxD, valid_BxT, cfg: ModelConfig):
-  """Returns (y_BxTxD, stats). stats: load (E,), aux_loss, z_loss."""
+def moe(p: dict, x_BxTxD, valid_BxT, cfg: ModelConfig, routes_NxK=None):
+  """Returns (y_BxTxD, stats): load (E,), aux_loss, z_loss, routes (N x k chosen experts).
+
+  routes_NxK replays a recorded routing (e.g. the sampler's, in RL) instead of selecting anew.
+  """
   b, t, d = x_BxTxD.shape
   x_NxD = x_BxTxD.reshape(b * t, d)
-  weights, experts, stats = route(p, x_NxD, valid_BxT.reshape(-1), cfg)
+  weights, experts, stats = route(p, x_NxD, valid_BxT.reshape(-1), cfg, routes_NxK)
   impl = resolve_impl(cfg.moe_impl)
   mesh = jax.sharding.get_abstract_mesh()
   if cfg.expert_parallel and not mesh.empty and mesh.shape.get('expert', 1) > 1:

@@ -72,35 +72,36 @@ def is_trainable(path) -> bool:
 def _block(cfg: ModelConfig, is_moe: bool, carry, xs):
   """One decoder layer; scanned over the stacked layer params (and their cache slices)."""
   x, pos, mask, valid, write_at = carry
-  p, cache = xs
+  p, cache, routes = xs
   h, cache, max_logit_H = attn_lib.attention(
       p['attn'], rms_norm(x, p['attn_norm'], cfg.norm_eps), pos, mask, cfg, cache, write_at)
   x = x + h
   h_in = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
   if is_moe:
-    h, stats = moe_lib.moe(p['moe'], h_in, valid, cfg)
+    h, stats = moe_lib.moe(p['moe'], h_in, valid, cfg, routes)
   else:
     h, stats = swiglu(p['mlp'], h_in), {}
   x = constrain(x + h, ('act_batch', 'act_seq', 'act_embed'))
   return (x, pos, mask, valid, write_at), (cache, {'attn_max_logit': max_logit_H, **stats})
 
 
-def _run_stack(cfg, is_moe, layers, cache, carry):
+def _run_stack(cfg, is_moe, layers, cache, routes, carry):
   fn = functools.partial(_block, cfg, is_moe)
   if cfg.remat != 'none':
     fn = jax.checkpoint(fn, policy=_REMAT[cfg.remat])
-  return jax.lax.scan(fn, carry, (layers, cache))
+  return jax.lax.scan(fn, carry, (layers, cache, routes))
 
 
 def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, segment_ids_BxT=None,
-            cache=None):
+            cache=None, routes=None):
   """Logits for tokens_BxT. Returns (logits_BxTxV float32, aux, new_cache).
 
   Without a cache: causal attention within segments (segment id 0 = padding; default: all 1) at
   `positions_BxT` (default: 0..T-1). With a cache (see research/model/decode.py): the tokens are
   written at slot cache['end'], attend to every valid earlier slot, and positions default to
   cache['pos'] + 0..T-1.
-  aux: per-layer stacks 'load' (L_moe x E), 'aux_loss', 'z_loss' (L_moe), 'attn_max_logit' (L x H).
+  aux: per-layer stacks 'load' (L_moe x E), 'aux_loss', 'z_loss' (L_moe), 'attn_max_logit' (L x H),
+  'routes' (L_moe x B*T x k). Passing routes (same shape) replays them (router replay).
   """
   b, t = tokens_BxT.shape
   dt = jnp.dtype(cfg.dtype)
@@ -127,7 +128,8 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
     if name not in params:
       continue
     layer_cache = None if cache is None else cache[name]
-    carry, (layer_cache, stats) = _run_stack(cfg, is_moe, params[name], layer_cache, carry)
+    carry, (layer_cache, stats) = _run_stack(cfg, is_moe, params[name], layer_cache,
+                                             routes if is_moe else None, carry)
     if cache is not None:
       new_cache[name] = layer_cache
     for key, val in stats.items():
