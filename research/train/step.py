@@ -59,7 +59,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConf
   (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, cfg)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {'loss': loss, 'ce': aux['ce'], 'grad_norm': optax.global_norm(grads),
+  metrics = {'loss': loss, 'ce': aux['ce'], 'grad_norm': optax.tree.norm(grads),
              'tokens': jnp.sum(batch['loss_mask'])}
   if 'load' in aux:
     load_LxE = aux['load']

@@ -1,0 +1,48 @@
+"""Incremental decoding with the KV cache equals the full forward pass, for both attention types."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.model import decode, transformer
+from research.model.config import ModelConfig
+
+GQA = ModelConfig(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, num_experts=4,
+                  d_expert=32)
+MLA = dataclasses.replace(GQA, attention='mla', kv_lora_rank=32, qk_nope_head_dim=16,
+                          qk_rope_head_dim=8, v_head_dim=16, rope_interleaved=True, router='sigmoid',
+                          num_shared_experts=1, first_k_dense=1, num_layers=3)
+MLA_Q_LORA = dataclasses.replace(MLA, q_lora_rank=24)
+STEPS = 6
+
+
+@pytest.mark.parametrize('cfg', [GQA, MLA, MLA_Q_LORA], ids=['gqa', 'mla', 'mla_q_lora'])
+def test_incremental_decode_equals_full_forward(cfg):
+  params = transformer.init(cfg, jax.random.key(0))
+  lengths = [10, 7, 4]
+  t = max(lengths)
+  prompts = np.asarray(jax.random.randint(jax.random.key(1), (3, t), 0, cfg.vocab_size))
+  # Row 0 full, row 1 right-padded, row 2 left-padded.
+  tokens = np.zeros_like(prompts)
+  mask = np.zeros((3, t), bool)
+  tokens[0], mask[0] = prompts[0], True
+  tokens[1, :7], mask[1, :7] = prompts[1, :7], True
+  tokens[2, t - 4:], mask[2, t - 4:] = prompts[2, :4], True
+  gen = jax.jit(decode.greedy_generate, static_argnums=(3, 4))
+  new, step_logits = gen(params, jnp.asarray(tokens), jnp.asarray(mask), cfg, STEPS)
+  for row, n in enumerate(lengths):
+    seq = np.concatenate([prompts[row, :n], np.asarray(new[row])])[None]
+    full, _, _ = transformer.forward(params, jnp.asarray(seq), cfg)
+    np.testing.assert_allclose(step_logits[row], full[0, n - 1:n - 1 + STEPS], atol=1e-5)
+    np.testing.assert_array_equal(new[row], np.argmax(full[0, n - 1:n - 1 + STEPS], -1))
+
+
+def test_cache_holds_only_the_latent_for_mla():
+  cache = decode.init_cache(MLA, batch=2, max_len=16)
+  entry = cache['moe_layers']
+  assert set(entry) == {'ckv', 'kpe'}
+  assert entry['ckv'].shape == (2, 2, 16, MLA.kv_lora_rank)
+  assert entry['kpe'].shape == (2, 2, 16, MLA.qk_rope_head_dim)

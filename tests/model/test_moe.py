@@ -1,0 +1,136 @@
+"""Router semantics and the three expert paths against the dense reference and numpy."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.model import moe
+from research.model.config import ModelConfig
+from research.model.layers import materialize
+
+SOFTMAX = ModelConfig(d_model=32, num_experts=8, num_experts_per_tok=2, d_expert=16)
+SIGMOID = dataclasses.replace(SOFTMAX, router='sigmoid', num_experts=16, num_experts_per_tok=4, n_group=4,
+                              topk_group=2, routed_scaling_factor=2.5, num_shared_experts=1)
+
+
+def _params(cfg, seed=0):
+  p = materialize(moe.moe_specs(cfg), jax.random.key(seed), jnp.float32)
+  p['router'] = jax.random.normal(jax.random.key(seed + 1), p['router'].shape)  # Avoid top-k ties.
+  if 'router_bias' in p:
+    p['router_bias'] = 0.1 * jax.random.normal(jax.random.key(seed + 2), p['router_bias'].shape)
+  return p
+
+
+def _np_route(p, x, cfg):
+  """Direct numpy transcription of the two routers."""
+  logits = np.asarray(x, np.float64) @ np.asarray(p['router'], np.float64)
+  k = cfg.num_experts_per_tok
+  if cfg.router == 'softmax':
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    idx = np.argsort(-probs, axis=-1)[:, :k]
+    w = np.take_along_axis(probs, idx, -1)
+    return w / w.sum(-1, keepdims=True), idx
+  s = 1 / (1 + np.exp(-logits))
+  biased = s + np.asarray(p['router_bias'])
+  g = biased.reshape(len(x), cfg.n_group, -1)
+  gscore = np.sort(g, -1)[..., -2:].sum(-1)
+  keep = np.argsort(-gscore, -1)[:, :cfg.topk_group]
+  mask = np.zeros_like(gscore, bool)
+  np.put_along_axis(mask, keep, True, -1)
+  biased = np.where(np.repeat(mask, g.shape[-1], 1), biased, -np.inf)
+  idx = np.argsort(-biased, -1)[:, :k]
+  w = np.take_along_axis(s, idx, -1)
+  return w / w.sum(-1, keepdims=True) * cfg.routed_scaling_factor, idx
+
+
+@pytest.mark.parametrize('cfg', [SOFTMAX, SIGMOID], ids=['softmax', 'sigmoid'])
+def test_router_matches_numpy(cfg):
+  p = _params(cfg)
+  x = jax.random.normal(jax.random.key(3), (64, cfg.d_model))
+  w, idx, stats = moe.route(p, x, jnp.ones(64, bool), cfg)
+  w_ref, idx_ref = _np_route(p, x, cfg)
+  np.testing.assert_array_equal(np.sort(idx, -1), np.sort(idx_ref, -1))
+  order, order_ref = np.argsort(idx, -1), np.argsort(idx_ref, -1)
+  np.testing.assert_allclose(np.take_along_axis(np.asarray(w), order, -1),
+                             np.take_along_axis(w_ref, order_ref, -1), rtol=1e-5)
+  counts = np.bincount(idx_ref.ravel(), minlength=cfg.num_experts)
+  np.testing.assert_allclose(stats['load'], counts / counts.sum(), rtol=1e-6)
+
+
+def test_group_limit_only_selects_kept_groups():
+  p = _params(SIGMOID)
+  x = jax.random.normal(jax.random.key(4), (128, SIGMOID.d_model))
+  _, idx, _ = moe.route(p, x, jnp.ones(128, bool), SIGMOID)
+  groups = np.asarray(idx) // (SIGMOID.num_experts // SIGMOID.n_group)
+  assert max(len(set(row)) for row in groups) <= SIGMOID.topk_group
+
+
+def test_padding_tokens_do_not_count_in_load():
+  p = _params(SOFTMAX)
+  x = jax.random.normal(jax.random.key(5), (32, SOFTMAX.d_model))
+  valid = jnp.arange(32) < 16
+  _, idx, stats = moe.route(p, x, valid, SOFTMAX)
+  counts = np.bincount(np.asarray(idx)[:16].ravel(), minlength=SOFTMAX.num_experts)
+  np.testing.assert_allclose(stats['load'], counts / counts.sum(), rtol=1e-6)
+
+
+def test_bias_update_moves_toward_balance():
+  load = jnp.array([0.5, 0.25, 0.125, 0.125])
+  bias = moe.update_router_bias(jnp.zeros(4), load, 0.01)
+  np.testing.assert_allclose(bias, [-0.01, 0.0, 0.01, 0.01])
+
+
+@pytest.mark.parametrize('cfg', [SOFTMAX, SIGMOID], ids=['softmax', 'sigmoid'])
+@pytest.mark.parametrize('impl', ['ragged', 'blocked'])
+def test_grouped_paths_match_dense(cfg, impl):
+  p = _params(cfg)
+  x = jax.random.normal(jax.random.key(6), (2, 24, cfg.d_model))
+  valid = jnp.ones((2, 24), bool)
+  ref, _ = jax.jit(lambda p, x: moe.moe(p, x, valid, dataclasses.replace(cfg, moe_impl='dense')))(p, x)
+  out, _ = jax.jit(lambda p, x: moe.moe(p, x, valid, dataclasses.replace(cfg, moe_impl=impl)))(p, x)
+  np.testing.assert_allclose(out, ref, atol=1e-5)
+
+
+def test_dropless_when_every_token_picks_the_same_experts():
+  cfg = dataclasses.replace(SOFTMAX, norm_topk_prob=False)
+  p = _params(cfg)
+  p['router'] = jnp.zeros_like(p['router']).at[:, :2].set(10.0)  # All tokens -> experts 0 and 1.
+  x = jnp.abs(jax.random.normal(jax.random.key(7), (1, 64, cfg.d_model)))
+  valid = jnp.ones((1, 64), bool)
+  ref, _ = moe.moe(p, x, valid, dataclasses.replace(cfg, moe_impl='dense'))
+  out, stats = moe.moe(p, x, valid, dataclasses.replace(cfg, moe_impl='blocked', moe_block_size=4))
+  np.testing.assert_allclose(out, ref, atol=1e-5)
+  assert float(stats['load'][0] + stats['load'][1]) == pytest.approx(1.0)
+
+
+def test_blocked_path_compiled_flops_near_ideal():
+  cfg = dataclasses.replace(SOFTMAX, d_model=64, d_expert=64, num_experts=32, num_experts_per_tok=2)
+  p = _params(cfg)
+  n = 1024
+  x = jnp.ones((1, n, cfg.d_model))
+  valid = jnp.ones((1, n), bool)
+  ideal = moe.ideal_flops(n, cfg) + 2 * n * cfg.d_model * cfg.num_experts  # Experts + router.
+  flops = {}
+  for impl in ('dense', 'blocked'):
+    c = dataclasses.replace(cfg, moe_impl=impl)
+    compiled = jax.jit(lambda p, x: moe.moe(p, x, valid, c)[0]).lower(p, x).compile()
+    flops[impl] = compiled.cost_analysis()['flops']
+  assert flops['blocked'] <= 1.3 * ideal, flops['blocked'] / ideal
+  assert flops['dense'] >= 0.9 * ideal * cfg.num_experts / cfg.num_experts_per_tok
+
+
+def test_router_replay_reuses_routes():
+  p = _params(SIGMOID)
+  x = jax.random.normal(jax.random.key(8), (1, 16, SIGMOID.d_model))
+  valid = jnp.ones((1, 16), bool)
+  y, stats = moe.moe(p, x, valid, SIGMOID)
+  p2 = {**p, 'router_bias': p['router_bias'] + 5.0 * jax.random.normal(jax.random.key(9), (16,))}
+  y_new, stats_new = moe.moe(p2, x, valid, SIGMOID)
+  y_replay, stats_replay = moe.moe(p2, x, valid, SIGMOID, stats['routes'])
+  assert not np.array_equal(stats_new['routes'], stats['routes'])
+  np.testing.assert_array_equal(stats_replay['routes'], stats['routes'])
+  np.testing.assert_allclose(y_replay, y, atol=1e-6)  # The bias only affects selection.
