@@ -18,7 +18,9 @@ from research.model import moe as moe_lib
 from research.model import transformer
 from research.model.config import ModelConfig
 from research.parallel import sharding
+from research.optim.qk_clip import qk_clip
 from research.parallel.mesh import BATCH_AXES
+from research.train import optimizer as optim
 
 
 @flax.struct.dataclass
@@ -52,13 +54,29 @@ def loss_fn(params, batch, cfg: ModelConfig):
   return loss, {'ce': ce, **aux}
 
 
+def apply_qk_clip(params: dict, max_logit_LxH, cfg: ModelConfig, tau: float) -> dict:
+  """MuonClip: rescales the query/key weights of heads whose max logit exceeded tau."""
+  targets = optim.qk_clip_targets(cfg)
+  params, start = dict(params), 0
+  for name in ('dense_layers', 'moe_layers'):
+    if name in params:
+      n = params[name]['attn_norm'].shape[0]
+      attn = params[name]['attn']
+      clipped = qk_clip(attn, max_logit_LxH[start:start + n], {k: targets.get(k) for k in attn}, tau)
+      params[name] = {**params[name], 'attn': clipped}
+      start += n
+  return params
+
+
 def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConfig,
-               tx: optax.GradientTransformation):
+               tx: optax.GradientTransformation, qk_clip_tau: float = 0.0):
   """One optimizer step. rng is reserved for stochastic layers (none yet) and kept in the API."""
   del rng
   (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, cfg)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  if qk_clip_tau:
+    params = apply_qk_clip(params, aux['attn_max_logit'], cfg, qk_clip_tau)
   metrics = {'loss': loss, 'ce': aux['ce'], 'grad_norm': optax.tree.norm(grads),
              'tokens': jnp.sum(batch['loss_mask'])}
   if 'load' in aux:
@@ -80,6 +98,7 @@ class Trainer:
   tx: optax.GradientTransformation
   mesh: Mesh
   rules: sharding.Rules = dataclasses.field(default_factory=lambda: sharding.RULES)
+  qk_clip_tau: float = 0.0  # MuonClip threshold on per-head max attention logits; 0 disables.
 
   def __post_init__(self):
     self.tx = freeze_untrainable(self.tx)
@@ -101,7 +120,7 @@ class Trainer:
 
   def step_fn(self) -> Callable:
     step = jax.jit(
-        lambda s, b, r: train_step(s, b, r, cfg=self.cfg, tx=self.tx),
+        lambda s, b, r: train_step(s, b, r, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau),
         in_shardings=(self.state_shardings, self.batch_sharding, None),
         out_shardings=(self.state_shardings, None),
         donate_argnums=0)

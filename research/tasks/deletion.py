@@ -1,0 +1,142 @@
+"""Deletes code: a function body, a whole function or method, or a feature (symbol + helpers)."""
+import ast
+import dataclasses
+
+STUB = 'raise NotImplementedError'
+
+
+@dataclasses.dataclass(frozen=True)
+class Symbol:
+  """A function or method in a module, with the line ranges deletion needs (1-based)."""
+  qualname: str  # 'slugify' or 'Histogram.render'.
+  start: int  # First decorator line.
+  end: int
+  body_start: int  # First body line after the docstring; 0 when nothing follows it.
+  body_indent: int
+  in_class: bool
+  names: frozenset[str]  # Names the function loads.
+
+  @property
+  def name(self) -> str:
+    return self.qualname.rsplit('.', 1)[-1]
+
+  @property
+  def private(self) -> bool:
+    return self.name.startswith('_') and not self.name.startswith('__')
+
+
+def _symbol(node: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str) -> Symbol:
+  body = node.body
+  has_doc = (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+             and isinstance(body[0].value.value, str))
+  rest = body[1:] if has_doc else body
+  body_start = rest[0].lineno if rest and rest[0].lineno > node.lineno else 0
+  starts = [d.lineno for d in node.decorator_list] + [node.lineno]
+  names = frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+  return Symbol(prefix + node.name, min(starts), node.end_lineno, body_start,
+                rest[0].col_offset if rest else 0, bool(prefix), names)
+
+
+def symbols(source: str) -> list[Symbol]:
+  """Module-level functions and methods of module-level classes (not nested functions)."""
+  out = []
+  for node in ast.parse(source).body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      out.append(_symbol(node, ''))
+    elif isinstance(node, ast.ClassDef):
+      out += [_symbol(n, node.name + '.') for n in node.body
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+  return out
+
+
+def _lines(source: str) -> list[str]:
+  return source.splitlines(keepends=True)
+
+
+def delete_body(source: str, sym: Symbol) -> tuple[str, str]:
+  """Keeps decorators, signature and docstring; the body becomes `raise NotImplementedError`.
+
+  Returns (new source, deleted text).
+  """
+  if not sym.body_start:
+    raise ValueError(f'{sym.qualname} has no body to delete besides its docstring')
+  lines = _lines(source)
+  removed = lines[sym.body_start - 1:sym.end]
+  stub = ' ' * sym.body_indent + STUB + '\n'
+  return ''.join(lines[:sym.body_start - 1] + [stub] + lines[sym.end:]), ''.join(removed)
+
+
+def delete_symbols(source: str, syms: list[Symbol]) -> tuple[str, str]:
+  """Deletes whole functions or methods, with their decorators and the blank lines after.
+
+  A class left without a body gets `pass`.
+  """
+  lines = _lines(source)
+  drop, removed = set(), []
+  for sym in sorted(syms, key=lambda s: s.start):
+    end = sym.end
+    while end < len(lines) and not lines[end].strip():
+      end += 1
+    drop.update(range(sym.start - 1, end))
+    removed.append(''.join(lines[sym.start - 1:sym.end]))
+  new = ''.join(line for i, line in enumerate(lines) if i not in drop)
+  if not _parses(new):
+    # Only an emptied class can break the syntax here: give it a `pass`.
+    new = _fill_empty_classes(source, drop)
+  return new, '\n'.join(removed)
+
+
+def _parses(source: str) -> bool:
+  try:
+    ast.parse(source)
+    return True
+  except SyntaxError:
+    return False
+
+
+def _fill_empty_classes(source: str, drop: set[int]) -> str:
+  lines = _lines(source)
+  out = []
+  for node in ast.parse(source).body:
+    if isinstance(node, ast.ClassDef):
+      body_lines = set(range(node.body[0].lineno - 1, node.end_lineno))
+      if body_lines <= drop:
+        indent = ' ' * node.body[0].col_offset
+        out.append((node.body[0].lineno - 1, indent + 'pass\n'))
+  inserts = dict(out)
+  result = []
+  for i, line in enumerate(lines):
+    if i in inserts:
+      result.append(inserts[i])
+    if i not in drop:
+      result.append(line)
+  new = ''.join(result)
+  ast.parse(new)  # Raises if something else broke.
+  return new
+
+
+def helpers(source: str, sym: Symbol) -> list[Symbol]:
+  """Private module-level functions only `sym` (directly or through each other) uses."""
+  if sym.in_class:
+    return []
+  module = ast.parse(source)
+  funcs = {s.name: s for s in symbols(source) if not s.in_class}
+  chosen, todo = set(), [sym]
+  while todo:
+    for name in todo.pop().names:
+      f = funcs.get(name)
+      if f is not None and f.private and name not in chosen and name != sym.name:
+        chosen.add(name)
+        todo.append(f)
+  if not chosen:
+    return []
+  # A helper also used from elsewhere in the module is not part of the feature, and neither
+  # is what it uses: repeat until nothing changes.
+  changed = True
+  while changed:
+    owners = [funcs[o] for o in {sym.name} | chosen]
+    used_elsewhere = {n.id for n in ast.walk(module) if isinstance(n, ast.Name)
+                      and n.id in chosen and not any(o.start <= n.lineno <= o.end for o in owners)}
+    changed = bool(used_elsewhere)
+    chosen -= used_elsewhere
+  return [funcs[n] for n in sorted(chosen)]

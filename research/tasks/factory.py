@@ -1,0 +1,376 @@
+"""Task factory: deletes code that tests exercise and keeps the deletions that pass every gate.
+
+Per repository: the suite runs three times in the sandbox (the first under coverage, which maps
+functions to the tests that execute them); tests that do not pass all three times are dropped.
+Per candidate (a function and a deletion mode), the gates are: the package still imports; at
+least one test fails (FAIL_TO_PASS) and one still passes (PASS_TO_PASS); the rebuilt policy tree
+and the environment hold no copy of the deleted code; and the original, graded as a solution in
+the grading sandbox, gets reward 1. A failing candidate is recorded with its gate, never fatal.
+"""
+import collections
+import dataclasses
+import json
+import math
+from pathlib import Path, PurePosixPath
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from typing import Callable, Collection
+
+import tqdm
+
+from research.tasks import deletion
+from research.tasks import grading
+from research.tasks import layout
+from research.tasks import patch as patch_lib
+from research.tasks import sandbox
+from research.tasks import scrub
+from research.tasks import task as task_lib
+from research.tasks.task import Solution, Task
+
+GATES = ('not_deletable', 'no_covering_test', 'not_importable', 'no_fail_to_pass',
+         'no_pass_to_pass', 'leak', 'reference_fails', 'harness_fault', 'error')
+# Limits for the runs of the original, before its own timing is known.
+_PROBE_LIMITS = sandbox.Limits(cpu_s=600, wall_s=1200)
+
+
+class Rejected(Exception):
+  """A candidate (or a whole repository) failed a gate."""
+
+  def __init__(self, gate: str, detail: str):
+    super().__init__(f'{gate}: {detail}')
+    self.gate, self.detail = gate, detail
+
+
+@dataclasses.dataclass
+class Summary:
+  repo: str
+  candidates: int = 0
+  tried: int = 0  # Candidates that reached the per-candidate gates (max_tasks stops early).
+  kept: int = 0
+  rejected: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+  repo_rejected: str | None = None  # Why no candidate was even tried.
+  stable_tests: int = 0
+  flaky_tests: int = 0
+  failing_tests: int = 0
+  seconds: float = 0.0
+
+  def table(self) -> str:
+    tests = f'{self.stable_tests} / {self.flaky_tests} / {self.failing_tests}'
+    rows = [('repo', self.repo), ('stable / flaky / failing tests', tests),
+            ('candidates', self.candidates), ('tried', self.tried), ('kept', self.kept)]
+    rows += [(f'rejected: {gate}', n) for gate, n in sorted(self.rejected.items())]
+    if self.repo_rejected:
+      rows.append(('repository rejected', self.repo_rejected))
+    rows.append(('seconds', f'{self.seconds:.1f}'))
+    width = max(len(k) for k, _ in rows)
+    return '\n'.join(f'{k:<{width}}  {v}' for k, v in rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  file: str
+  module: str
+  symbol: deletion.Symbol
+  mode: str
+  removed: tuple[deletion.Symbol, ...]  # What goes: the symbol, plus helpers in feature mode.
+  tests: frozenset[str]  # Stable tests that execute the removed code.
+
+  @property
+  def id(self) -> str:
+    return re.sub(r'[^A-Za-z0-9_.-]', '_', f'{self.module}.{self.symbol.qualname}.{self.mode}')
+
+
+def stable_tests(runs: list[dict[str, str]]) -> tuple[set[str], set[str], set[str]]:
+  """(passed in every run, flaky, failed in every run) from per-run outcomes."""
+  names = set().union(*runs)
+  passing = {n for n in names if all(r.get(n) == grading.PASSED for r in runs)}
+  flaky = {n for n in names - passing if any(r.get(n) == grading.PASSED for r in runs)}
+  return passing, flaky, names - passing - flaky
+
+
+def tests_by_line(coverage_file: Path, tree: Path) -> dict[str, dict[int, set[str]]]:
+  """file -> line -> test node ids that executed it."""
+  import coverage  # The factory's only use of it; grading never needs it.
+  data = coverage.CoverageData(basename=str(coverage_file))
+  data.read()
+  out = {}
+  for measured in data.measured_files():
+    rel = Path(measured).relative_to(tree).as_posix()
+    out[rel] = {line: {c for c in contexts if c}
+                for line, contexts in data.contexts_by_lineno(measured).items()}
+  return out
+
+
+@dataclasses.dataclass
+class _Env:
+  """How tests of this repository run."""
+  python: str
+  site_dirs: list[str]
+  python_path: list[str]
+  config_file: str | None
+  isolate: bool
+
+  def run(self, tree: Path, files: list[str], limits: sandbox.Limits,
+          coverage_source: list[str] | None = None) -> grading.TestRun:
+    with tempfile.TemporaryDirectory(prefix='factory-run-') as scratch:
+      run = grading.run_pytest(tree, files, python=self.python, python_path=self.python_path,
+                               site_dirs=self.site_dirs, config_file=self.config_file,
+                               limits=limits, isolate=self.isolate,
+                               coverage_source=coverage_source, scratch=Path(scratch))
+      if run.coverage_file is not None and not run.fault:
+        if not run.coverage_file.exists():
+          raise Rejected('harness_fault', f'coverage wrote no data: {run.output[-500:]}')
+        keep = Path(tempfile.mkdtemp(prefix='factory-cov-')) / '.coverage'
+        shutil.copy(run.coverage_file, keep)
+        run.coverage_file = keep
+    if run.fault:
+      raise Rejected('harness_fault', run.fault)
+    return run
+
+  def python_check(self, code: str, args: list[str], tree: Path | None = None) -> str:
+    """Runs `code` in the sandbox, sys.path led by the tree's source root (if any)."""
+    paths = [str(tree / p) if p else str(tree) for p in self.python_path] if tree else []
+    prelude = (f'import sys; sys.path[:0] = {paths!r}; sys.path += {self.site_dirs!r}; '
+               'sys.argv[1:] = ' + repr(args) + '\n')
+    done = sandbox.run([self.python, '-I', '-B', '-c', prelude + code], cwd='/',
+                       ro=[*([tree] if tree else []), *sandbox.python_roots(self.python),
+                           *self.site_dirs],
+                       env={'PATH': '/usr/bin:/bin', 'HOME': '/tmp', 'LANG': 'C.UTF-8'},
+                       limits=sandbox.Limits(cpu_s=60, wall_s=120), isolate=self.isolate)
+    if done.returncode:
+      raise Rejected('not_importable', done.output.strip().splitlines()[-1][:300]
+                     if done.output.strip() else f'exit {done.returncode}')
+    return done.output
+
+
+_FIND_INSTALLED = '''
+import importlib.util, json
+print(json.dumps({name: getattr(importlib.util.find_spec(name), 'origin', None)
+                  for name in sys.argv[1:]}))
+'''
+_IMPORT = 'import importlib\nfor name in sys.argv[1:]: importlib.import_module(name)\n'
+
+
+def _candidates(tree: Path, packages: list[str], covered: dict[str, dict[int, set[str]]],
+                modes: tuple[str, ...], only: Collection[str] | None, summary: Summary,
+                reject) -> list[Candidate]:
+  """Every (function, mode) pair; those no test exercises are rejected here."""
+  out = []
+  root = layout.source_root(tree)
+  for rel in layout.iter_files(tree):
+    if not layout.is_editable(rel, packages):
+      continue
+    module = PurePosixPath(rel).relative_to(root or '.').with_suffix('').as_posix()
+    module = module.removesuffix('/__init__').replace('/', '.')
+    source = (tree / rel).read_text()
+    try:
+      syms = deletion.symbols(source)
+    except SyntaxError:
+      continue
+    lines = covered.get(rel, {})
+    for sym in syms:
+      if only is not None and sym.qualname not in only:
+        continue
+      for mode in modes:
+        removed = [sym]
+        if mode == 'feature':
+          if sym.private or sym.in_class:
+            continue
+          removed += deletion.helpers(source, sym)
+          if len(removed) == 1:
+            continue  # Without helpers this is the function mode.
+        tests = set()
+        for r in removed:
+          first = r.body_start or r.start
+          for line in range(first, r.end + 1):
+            tests |= lines.get(line, set())
+        cand = Candidate(rel, module, sym, mode, tuple(removed), frozenset(tests))
+        summary.candidates += 1
+        if not tests:
+          reject(cand, 'no_covering_test', 'no test executes this code')
+        else:
+          out.append(cand)
+  return out
+
+
+def _delete(tree: Path, cand: Candidate) -> str:
+  """Applies the deletion to tree in place; returns the deleted text."""
+  path = tree / cand.file
+  source = path.read_text()
+  try:
+    if cand.mode == 'body':
+      new, removed = deletion.delete_body(source, cand.symbol)
+    else:
+      new, removed = deletion.delete_symbols(source, list(cand.removed))
+  except (ValueError, SyntaxError) as e:
+    raise Rejected('not_deletable', str(e)) from e
+  path.write_text(new)
+  return removed
+
+
+def make_tasks(repo: Path, out: Path, *, modes: tuple[str, ...] = task_lib.MODES,
+               max_tasks: int | None = None, only: Collection[str] | None = None,
+               seed: int = 0, runs: int = 3,
+               site_dirs: tuple[str, ...] = (), python: str = sys.executable,
+               fmt: str = 'jsonl', isolate: bool = True, progress: bool = True,
+               log: Callable[[str], None] = print) -> Summary:
+  """Writes validated tasks for `repo` into `out` and returns the summary.
+
+  `only` restricts targets to these qualified names ('slugify', 'Histogram.render').
+  """
+  start = time.perf_counter()
+  repo, out = Path(repo).resolve(), Path(out).resolve()
+  name = repo.name
+  summary = Summary(name)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / 'trees').mkdir(exist_ok=True)
+  rejections = []
+
+  def reject(cand: Candidate, gate: str, detail: str) -> None:
+    summary.rejected[gate] += 1
+    rejections.append({'candidate': cand.id, 'gate': gate, 'detail': detail})
+
+  tasks, solutions = [], []
+  with tempfile.TemporaryDirectory(prefix='factory-') as tmp:
+    base = Path(tmp) / name
+    layout.copy_tree(repo, base)
+    try:
+      env, cands, stable, wall = _prepare(base, modes, only, site_dirs, python, isolate, runs,
+                                          summary, reject)
+    except Rejected as e:
+      summary.repo_rejected = str(e)
+      cands = []
+    random.Random(seed).shuffle(cands)
+    leaks = {}
+    if cands:
+      leaks = scrub.scan_environment(
+          [*sandbox.python_roots(python), *site_dirs], _fingerprint_all(base, cands))
+    bar = tqdm.tqdm(cands, desc=f'tasks from {name}', unit='candidate', disable=not progress)
+    for cand in bar:
+      if max_tasks is not None and summary.kept >= max_tasks:
+        break
+      summary.tried += 1
+      try:
+        made = _make_one(base, out, cand, env, stable, wall, name, leaks.get(cand.id, []))
+      except Rejected as e:
+        reject(cand, e.gate, e.detail)
+        continue
+      except Exception:  # The factory never stops on one bad candidate.
+        reject(cand, 'error', traceback.format_exc(limit=3)[-500:])
+        continue
+      tasks.append(made[0])
+      solutions.append(made[1])
+      summary.kept += 1
+      bar.set_postfix(kept=summary.kept)
+  task_lib.write(out, tasks, solutions, fmt)
+  summary.seconds = time.perf_counter() - start
+  (out / 'rejected.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rejections))
+  (out / 'summary.json').write_text(json.dumps(
+      {**dataclasses.asdict(summary), 'rejected': dict(summary.rejected)}, indent=1))
+  log(summary.table())
+  return summary
+
+
+def _prepare(base: Path, modes, only, site_dirs, python, isolate, runs, summary, reject):
+  """Repository-level gates; returns the environment, candidates, stable tests and timing."""
+  packages = layout.source_packages(base)
+  tests = layout.test_files(base)
+  if not packages:
+    raise Rejected('no_packages', 'no importable package found')
+  if not tests:
+    raise Rejected('no_tests', 'no test files (test_*.py, *_test.py or under tests/)')
+  env = _Env(python, list(site_dirs), [layout.source_root(base)], layout.pytest_config(base),
+             isolate)
+  tops = sorted({PurePosixPath(p).name for p in packages})
+  installed = {k: v for k, v in json.loads(env.python_check(_FIND_INSTALLED, tops)).items() if v}
+  if installed:
+    raise Rejected('leak', f'installed copies importable outside the tree: {installed}')
+  results = [env.run(base, tests, _PROBE_LIMITS, packages if i == 0 else None)
+             for i in range(runs)]
+  stable, flaky, failing = stable_tests([r.outcomes for r in results])
+  summary.stable_tests, summary.flaky_tests, summary.failing_tests = map(
+      len, (stable, flaky, failing))
+  if not stable:
+    raise Rejected('original_fails', f'no test passes on the original ({len(failing)} fail); '
+                   f'last output: {results[-1].output[-300:]}')
+  covered = tests_by_line(results[0].coverage_file, base)
+  shutil.rmtree(results[0].coverage_file.parent)
+  covered = {f: {line: ts & stable for line, ts in lines.items()} for f, lines in covered.items()}
+  wall = max(r.wall_s for r in results[1:] or results)
+  cands = _candidates(base, packages, covered, modes, only, summary, reject)
+  return env, cands, stable, wall
+
+
+def _fingerprint_all(base: Path, cands: list[Candidate]) -> dict[str, list[str]]:
+  out = {}
+  for cand in cands:
+    source = (base / cand.file).read_text()
+    lines = source.splitlines(keepends=True)
+    deleted = ''.join(''.join(lines[s.start - 1:s.end]) for s in cand.removed)
+    out[cand.id] = scrub.fingerprints(deleted, _remaining_sources(base, cand))
+  return out
+
+
+def _remaining_sources(tree: Path, cand: Candidate) -> list[str]:
+  """Source text that stays visible to the policy (after the deletion of cand)."""
+  texts = []
+  for rel in layout.iter_files(tree):
+    if rel.endswith('.py') and rel != cand.file:
+      texts.append((tree / rel).read_text(errors='replace'))
+  source = (tree / cand.file).read_text()
+  lines = source.splitlines(keepends=True)
+  gone = {i for s in cand.removed for i in range((s.body_start or s.start) - 1, s.end)}
+  texts.append(''.join(l for i, l in enumerate(lines) if i not in gone))
+  return texts
+
+
+def _make_one(base: Path, out: Path, cand: Candidate, env: _Env, stable: set[str], wall: float,
+              repo_name: str, env_leaks: list[str]) -> tuple[Task, Solution]:
+  with tempfile.TemporaryDirectory(prefix='candidate-') as tmp:
+    deleted_tree = Path(tmp) / 'tree'
+    layout.copy_tree(base, deleted_tree)
+    removed = _delete(deleted_tree, cand)
+    env.python_check(_IMPORT, [cand.module], deleted_tree)
+    files = sorted({t.split('::')[0] for t in cand.tests})
+    limits = sandbox.Limits(cpu_s=max(10, math.ceil(4 * wall)), wall_s=max(30.0, 10 * wall))
+    run = env.run(deleted_tree, files, limits)
+    relevant = sorted(t for t in stable if t.split('::')[0] in files)
+    f2p = [t for t in relevant if run.outcomes.get(t) != grading.PASSED]
+    p2p = [t for t in relevant if run.outcomes.get(t) == grading.PASSED]
+    if not f2p:
+      raise Rejected('no_fail_to_pass', 'every test still passes without the code')
+    if not p2p:
+      raise Rejected('no_pass_to_pass', 'no test passes without the code')
+    tree = out / 'trees' / cand.id
+    if tree.exists():
+      shutil.rmtree(tree)
+    scrub.build_policy_tree(deleted_tree, tree)
+  prints = scrub.fingerprints(removed, _remaining_sources(base, cand))
+  leaks = scrub.scan_tree(tree, prints) + env_leaks
+  packages = layout.source_packages(base)
+  task = Task(
+      id=cand.id, repo=repo_name, file=cand.file, symbol=cand.symbol.qualname, mode=cand.mode,
+      fail_to_pass=f2p, pass_to_pass=p2p, test_files=files,
+      test_command=['python', '-m', 'pytest', '-p', 'no:cacheprovider', *files],
+      protected_paths=layout.protected_paths(tree, packages), packages=packages,
+      python_path=env.python_path, site_dirs=env.site_dirs, config_file=env.config_file,
+      time_limit_s=limits.wall_s, cpu_limit_s=limits.cpu_s,
+      tree=tree.relative_to(out).as_posix())
+  solution = Solution(cand.id, patch_lib.file_diff(
+      cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
+      removed, prints)
+  try:
+    if leaks:
+      raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
+    result = grading.grade(task, tree, solution.patch, python=env.python, isolate=env.isolate)
+    if result.reward != 1.0:
+      raise Rejected('reference_fails', f'original graded {result.reward}: {result.reason}')
+  except Rejected:
+    shutil.rmtree(tree)
+    raise
+  return task, solution

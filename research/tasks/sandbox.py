@@ -1,0 +1,212 @@
+"""Runs a command in a bubblewrap sandbox: no network, own pid namespace, read-only system.
+
+Everything outside the listed binds is invisible. The command runs as an unprivileged uid
+(RLIMIT_NPROC does not apply to root) under rlimits, with stdout and stderr read through a pipe
+(only head and tail kept), and a wall-clock limit that kills the whole process tree.
+"""
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from typing import Mapping, Sequence
+
+BWRAP, PRLIMIT, SETPRIV = 'bwrap', 'prlimit', 'setpriv'
+# Distinct uids keep concurrent sandboxes from sharing one RLIMIT_NPROC budget: each process
+# gets its own block of UIDS_PER_PROCESS (one per pool slot).
+BASE_UID = 200_000
+UIDS_PER_PROCESS = 16
+
+
+def uid_for(slot: int = 0) -> int:
+  return BASE_UID + (os.getpid() % 50_000) * UIDS_PER_PROCESS + slot % UIDS_PER_PROCESS
+_SYSTEM_DIRS = ('/usr', '/bin', '/sbin', '/lib', '/lib64', '/lib32')
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """Per-run resource limits."""
+  cpu_s: int = 60
+  wall_s: float = 120.0
+  memory_mb: int = 2048
+  nproc: int = 64
+  fsize_mb: int = 64
+  tmp_mb: int = 256
+  output_kb: int = 64  # How much output is kept (half head, half tail).
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+  """How a sandboxed command ended."""
+  returncode: int
+  timed_out: bool
+  wall_s: float
+  output: str
+  # Set when bubblewrap itself failed, i.e. the command never ran: a harness fault.
+  sandbox_error: str | None = None
+
+  @property
+  def signal(self) -> int | None:
+    """The signal that killed the command (bwrap reports it as 128 + n)."""
+    if self.returncode < 0:
+      return -self.returncode
+    if self.returncode > 128:
+      return self.returncode - 128
+    return None
+
+
+@functools.cache
+def python_roots(python: str) -> tuple[str, ...]:
+  """Directories an interpreter needs: its prefixes and any sys.path entry outside them."""
+  out = subprocess.run(
+      [python, '-I', '-c',
+       'import sys, json; print(json.dumps([sys.prefix, sys.base_prefix, sys.path]))'],
+      check=True, capture_output=True, text=True).stdout
+  prefix, base, path = json.loads(out)
+  roots = [prefix, base]
+  for entry in path:
+    if os.path.isdir(entry) and not any(_under(entry, r) for r in roots):
+      roots.append(entry)
+  return tuple(roots)
+
+
+def _under(path: str, root: str) -> bool:
+  return os.path.commonpath([path, root]) == root
+
+
+def available() -> bool:
+  return all(shutil.which(tool) for tool in (BWRAP, PRLIMIT, SETPRIV))
+
+
+def _which(tool: str) -> str:
+  path = shutil.which(tool)
+  if path is None:
+    raise FileNotFoundError(f'{tool} is not installed (bubblewrap: `make sysdeps`; '
+                            f'prlimit and setpriv: util-linux)')
+  return path
+
+
+def _rlimit_argv(limits: Limits) -> list[str]:
+  mb = 1 << 20
+  return [_which(PRLIMIT), f'--cpu={limits.cpu_s}:{limits.cpu_s + 1}',
+          f'--as={limits.memory_mb * mb}', f'--nproc={limits.nproc}',
+          f'--fsize={limits.fsize_mb * mb}', '--core=0', '--']
+
+
+def _bwrap_argv(ro: Sequence[str], rw: Sequence[str], cwd: str, env: Mapping[str, str],
+                limits: Limits, uid: int) -> list[str]:
+  argv = [_which(BWRAP), '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts',
+          '--unshare-cgroup-try', '--die-with-parent', '--new-session', '--clearenv',
+          '--proc', '/proc', '--dev', '/dev',
+          '--perms', '1777', '--size', str(limits.tmp_mb << 20), '--tmpfs', '/tmp',
+          # multiprocessing needs POSIX semaphores, which live in /dev/shm.
+          '--perms', '1777', '--size', str(limits.tmp_mb << 20), '--tmpfs', '/dev/shm']
+  for d in _SYSTEM_DIRS:
+    if os.path.islink(d):
+      argv += ['--symlink', os.readlink(d), d]
+    elif os.path.isdir(d):
+      argv += ['--ro-bind', d, d]
+  made = {'/', '/tmp', *_SYSTEM_DIRS}
+  binds = sorted([(p, '--ro-bind') for p in ro] + [(p, '--bind') for p in rw],
+                 key=lambda b: b[0].count('/'))
+  for path, flag in binds:
+    # bwrap creates missing parents as 0700, which the unprivileged uid cannot traverse.
+    for parent in reversed(Path(path).parents):
+      if str(parent) not in made:
+        made.add(str(parent))
+        argv += ['--perms', '0755', '--dir', str(parent)]
+    argv += [flag, path, path]
+    made.add(path)
+  for k, v in env.items():
+    argv += ['--setenv', k, v]
+  argv += ['--chdir', cwd,
+           _which(SETPRIV), f'--reuid={uid}', f'--regid={uid}', '--clear-groups',
+           '--inh-caps=-all', '--bounding-set=-all']
+  return argv
+
+
+class _Tail:
+  """Keeps the head and tail of a stream, so a flood of output costs no memory."""
+
+  def __init__(self, keep: int):
+    self._half = keep // 2
+    self.head = bytearray()
+    self.tail = bytearray()
+    self.total = 0
+
+  def drain(self, stream) -> None:
+    while chunk := stream.read1(1 << 16):
+      self.total += len(chunk)
+      room = self._half - len(self.head)
+      self.head += chunk[:max(room, 0)]
+      self.tail += chunk[max(room, 0):]
+      if len(self.tail) > self._half:
+        del self.tail[:len(self.tail) - self._half]
+
+  def text(self) -> str:
+    cut = self.total - len(self.head) - len(self.tail)
+    middle = b'\n[... %d bytes cut ...]\n' % cut if cut else b''
+    return (self.head + middle + self.tail).decode('utf-8', 'replace')
+
+
+def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.PathLike] = (),
+        rw: Sequence[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
+        limits: Limits = Limits(), stdin: bytes = b'', uid: int | None = None,
+        isolate: bool = True) -> Completed:
+  """Runs argv with only `ro` (read-only) and `rw` binds visible, at their host paths.
+
+  With isolate=False the same command runs as a plain subprocess under the same rlimits and
+  wall clock, for comparison (it sees the whole machine).
+  """
+  env = dict(env or {})
+  uid = uid_for() if uid is None else uid
+  limits_argv = _rlimit_argv(limits)
+  if isolate:
+    prefix = _bwrap_argv([os.fspath(p) for p in ro], [os.fspath(p) for p in rw],
+                         os.fspath(cwd), env, limits, uid)
+    for p in rw:
+      _chown_tree(os.fspath(p), uid)
+    popen_env = {}
+  else:
+    prefix, popen_env = [], env
+  start = time.perf_counter()
+  # A pipe, not a file: the command can neither truncate nor rewrite what it already wrote.
+  proc = subprocess.Popen([*prefix, *limits_argv, *argv], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+                          env=popen_env, start_new_session=True)
+  output = _Tail(limits.output_kb << 10)
+  reader = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
+  reader.start()
+  timed_out = False
+  try:
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+  except BrokenPipeError:
+    pass  # The command exited without reading its input; its exit status says why.
+  try:
+    proc.wait(timeout=limits.wall_s)
+  except subprocess.TimeoutExpired:
+    timed_out = True
+    # Killing bwrap kills the namespace's init, which takes every process inside with it.
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+  reader.join()
+  proc.stdout.close()
+  wall = time.perf_counter() - start
+  text = output.text()
+  error = None
+  if isolate and proc.returncode == 1 and text.startswith('bwrap:'):
+    error = text.strip()
+  return Completed(proc.returncode, timed_out, wall, text, error)
+
+
+def _chown_tree(root: str, uid: int) -> None:
+  os.chown(root, uid, uid, follow_symlinks=False)
+  for dirpath, dirnames, filenames in os.walk(root):
+    for name in dirnames + filenames:
+      os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)

@@ -1,0 +1,89 @@
+"""Task records and the files they live in.
+
+A task set directory holds `tasks.jsonl` (or `tasks.array_record`): what the policy and the
+grader see; `trees/<id>/`: the tree the policy starts from; and `solutions.jsonl`: the deleted
+code, kept apart so that nothing that serves the policy ever reads it.
+"""
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable
+
+FORMATS = ('jsonl', 'arrayrecord')
+MODES = ('body', 'function', 'feature')
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One synthetic task: restore the deleted code so that the tests pass again."""
+  id: str
+  repo: str
+  file: str
+  symbol: str
+  mode: str
+  fail_to_pass: list[str]
+  pass_to_pass: list[str]
+  test_files: list[str]
+  test_command: list[str]
+  protected_paths: list[str]
+  packages: list[str]  # Where a solution may create or change Python files.
+  python_path: list[str]  # Tree-relative directories put first on sys.path.
+  site_dirs: list[str]  # Absolute directories with dependencies that are not installed.
+  config_file: str | None
+  time_limit_s: float
+  cpu_limit_s: int
+  tree: str  # Relative to the task set directory.
+
+
+@dataclasses.dataclass(frozen=True)
+class Solution:
+  """The deleted code of one task."""
+  id: str
+  patch: str  # Restores the original when applied to the task's tree.
+  deleted: str
+  fingerprints: list[str]  # Distinctive lines searched for by the leak gate.
+
+
+def _dump(obj) -> str:
+  return json.dumps(dataclasses.asdict(obj), sort_keys=True)
+
+
+def write(directory: Path, tasks: Iterable[Task], solutions: Iterable[Solution],
+          fmt: str = 'jsonl') -> Path:
+  """Writes tasks and solutions; returns the task file."""
+  if fmt not in FORMATS:
+    raise ValueError(f'unknown task format {fmt!r}; expected one of {FORMATS}')
+  lines = [_dump(t) for t in tasks]
+  if fmt == 'jsonl':
+    path = directory / 'tasks.jsonl'
+    path.write_text(''.join(line + '\n' for line in lines))
+  else:
+    from array_record.python import array_record_module  # Only this format needs it.
+    path = directory / 'tasks.array_record'
+    writer = array_record_module.ArrayRecordWriter(str(path), 'group_size:1')
+    for line in lines:
+      writer.write(line.encode())
+    writer.close()
+  (directory / 'solutions.jsonl').write_text(''.join(_dump(s) + '\n' for s in solutions))
+  return path
+
+
+def decode(record: bytes | str) -> Task:
+  return Task(**json.loads(record))
+
+
+def read(path: Path) -> list[Task]:
+  """Reads tasks.jsonl or tasks.array_record."""
+  if path.suffix == '.jsonl':
+    return [decode(line) for line in path.read_text().splitlines() if line.strip()]
+  from array_record.python import array_record_module
+  reader = array_record_module.ArrayRecordReader(str(path))
+  try:
+    return [decode(r) for r in reader.read_all()]
+  finally:
+    reader.close()
+
+
+def read_solutions(directory: Path) -> dict[str, Solution]:
+  lines = (directory / 'solutions.jsonl').read_text().splitlines()
+  return {s.id: s for s in (Solution(**json.loads(line)) for line in lines if line.strip())}

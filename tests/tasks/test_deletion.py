@@ -1,0 +1,71 @@
+import ast
+
+import pytest
+
+from research.tasks import deletion
+
+SOURCE = '''\
+import functools
+
+
+def _helper(x):
+  """Doubles."""
+  return 2 * x
+
+
+def _shared(x):
+  return x + 1
+
+
+@functools.lru_cache
+def feature(x):
+  """Uses the helpers."""
+  return _helper(x) + _shared(x)
+
+
+def other(x):
+  return _shared(x)
+
+
+def doc_only():
+  """Nothing else."""
+
+
+class Box:
+  """A box."""
+
+  def get(self):
+    return 1
+'''
+
+
+def _sym(name):
+  return next(s for s in deletion.symbols(SOURCE) if s.qualname == name)
+
+
+def test_symbols_lists_functions_and_methods():
+  assert [s.qualname for s in deletion.symbols(SOURCE)] == [
+      '_helper', '_shared', 'feature', 'other', 'doc_only', 'Box.get']
+
+
+def test_body_deletion_keeps_decorator_signature_and_docstring():
+  new, removed = deletion.delete_body(SOURCE, _sym('feature'))
+  assert ('@functools.lru_cache\ndef feature(x):\n  """Uses the helpers."""\n'
+          '  raise NotImplementedError\n') in new
+  assert removed == '  return _helper(x) + _shared(x)\n'
+  with pytest.raises(ValueError, match='no body'):
+    deletion.delete_body(SOURCE, _sym('doc_only'))
+
+
+def test_feature_takes_only_helpers_nobody_else_uses():
+  assert [h.qualname for h in deletion.helpers(SOURCE, _sym('feature'))] == ['_helper']
+  new, _ = deletion.delete_symbols(SOURCE, [_sym('feature'), _sym('_helper')])
+  assert 'def _helper' not in new and 'lru_cache\n' not in new.split('import functools')[1]
+  assert 'def _shared' in new and 'def other' in new
+  ast.parse(new)
+
+
+def test_deleting_the_only_method_leaves_a_valid_class():
+  source = 'class A:\n  def f(self):\n    return 1\n'
+  new, _ = deletion.delete_symbols(source, deletion.symbols(source))
+  assert new == 'class A:\n  pass\n'

@@ -1,0 +1,100 @@
+import json
+import subprocess
+import sys
+
+from research.tasks import factory
+from research.tasks import fixtures
+from research.tasks import grading
+from research.tasks import layout
+from research.tasks import scrub
+from research.tasks import task as task_lib
+
+
+def test_fixture_tasks_pass_every_gate(fixture_tasks):
+  origin, task_dir, summary = fixture_tasks
+  tasks = task_lib.read(task_dir / 'tasks.jsonl')
+  solutions = task_lib.read_solutions(task_dir)
+  assert summary.kept == len(tasks) >= 12 and summary.stable_tests == 14
+  assert {t.mode for t in tasks} == {'body', 'function', 'feature'}
+  public = (task_dir / 'tasks.jsonl').read_text()
+  for t in tasks:
+    assert t.fail_to_pass and t.pass_to_pass and not set(t.fail_to_pass) & set(t.pass_to_pass)
+    assert 'tests/test_core.py' in t.protected_paths and t.packages == ['textops']
+    tree = task_dir / t.tree
+    assert scrub.scan_tree(tree, solutions[t.id].fingerprints) == []
+    log = subprocess.run(['git', 'log', '--oneline'], cwd=tree, capture_output=True, text=True)
+    assert len(log.stdout.splitlines()) == 1
+    # The deleted code never reaches what the policy is given.
+    assert not any(line in public for line in solutions[t.id].fingerprints)
+  feature = next(t for t in tasks if t.id == 'textops.core.slugify.feature')
+  source = (task_dir / feature.tree / feature.file).read_text()
+  assert 'def slugify' not in source and 'def _fold' not in source and 'def _squash' not in source
+
+
+def test_rejections_are_counted_with_their_gate(fixture_tasks):
+  _, task_dir, summary = fixture_tasks
+  rejected = {r['candidate']: r for r in map(json.loads, (task_dir / 'rejected.jsonl').open())}
+  assert rejected['textops.core.reverse_words.body']['gate'] == 'no_covering_test'
+  assert rejected['textops.core.wrap.function']['gate'] == 'not_importable'
+  assert "name 'wrap' is not defined" in rejected['textops.core.wrap.function']['detail']
+  assert rejected['textops.core._remember.body']['gate'] == 'no_fail_to_pass'
+  # Without max_tasks every candidate is tried; those without tests never reach the gates.
+  assert summary.candidates == summary.kept + sum(summary.rejected.values())
+  assert summary.tried == summary.candidates - summary.rejected['no_covering_test']
+  saved = json.loads((task_dir / 'summary.json').read_text())
+  assert saved['kept'] == summary.kept and saved['rejected'] == dict(summary.rejected)
+
+
+def test_reference_passes_and_the_deleted_state_fails(fixture_tasks):
+  _, task_dir, _ = fixture_tasks
+  t = next(t for t in task_lib.read(task_dir / 'tasks.jsonl') if t.id == 'textops.core.wrap.body')
+  solution = task_lib.read_solutions(task_dir)[t.id]
+  assert grading.grade(t, task_dir / t.tree, solution.patch).reward == 1.0
+  noop = grading.grade(t, task_dir / t.tree, '')
+  assert noop.reward == 0.0 and noop.reason == 'no applicable source changes'
+
+
+def test_flaky_and_failing_tests_are_dropped():
+  runs = [{'a': 'passed', 'b': 'passed', 'c': 'failed'}, {'a': 'passed', 'b': 'failed'},
+          {'a': 'passed', 'b': 'passed', 'c': 'failed'}]
+  assert factory.stable_tests(runs) == ({'a'}, {'b'}, {'c'})
+
+
+def test_bad_repositories_are_rejected_with_the_reason(tmp_path):
+  no_tests = fixtures.write_repo(tmp_path / 'no_tests',
+                                 {'pkg/__init__.py': 'def f():\n  return 1\n'})
+  broken = fixtures.write_repo(tmp_path / 'broken', {
+      'pkg/__init__.py': 'def f():\n  return 1\n',
+      'tests/test_pkg.py': 'import pkg\n\ndef test_f():\n  assert pkg.f() == 2\n'})
+  results = {repo.name: factory.make_tasks(repo, tmp_path / 'out' / repo.name, progress=False,
+                                           log=lambda _: None)
+             for repo in (no_tests, broken)}
+  assert results['no_tests'].repo_rejected.startswith('no_tests:')
+  assert results['broken'].repo_rejected.startswith('original_fails: no test passes')
+  assert results['broken'].failing_tests == 1 and results['broken'].kept == 0
+  assert task_lib.read(tmp_path / 'out/broken/tasks.jsonl') == []
+
+
+def test_an_installed_copy_of_the_original_is_a_leak(tmp_path):
+  fx = fixtures.write_fixture(tmp_path / 'fx')
+  installed = tmp_path / 'installed'
+  fixtures.install_copy(fx, installed)
+  summary = factory.make_tasks(fx.repo, tmp_path / 'out',
+                               site_dirs=(str(fx.site), str(installed)), progress=False,
+                               log=lambda _: None)
+  assert summary.repo_rejected.startswith('leak: installed copies importable outside the tree')
+  assert str(installed / 'textops') in summary.repo_rejected
+
+
+def test_cli_writes_array_records_that_grain_reads(tmp_path):
+  fx = fixtures.write_fixture(tmp_path / 'fx')
+  out = tmp_path / 'out'
+  subprocess.run([sys.executable, '-m', 'launch.make_tasks', f'--repo={fx.repo}', f'--out={out}',
+                  '--format=arrayrecord', '--modes=body', '--only=title_case', '--runs=1',
+                  f'--site_dir={fx.site}'], check=True, capture_output=True)
+  import grain  # Only here: grain imports JAX.
+  source = grain.sources.ArrayRecordDataSource([str(out / 'tasks.array_record')])
+  records = [task_lib.decode(source[i]) for i in range(len(source))]
+  assert [(t.symbol, t.mode) for t in records] == [('title_case', 'body')]
+  assert records == task_lib.read(out / 'tasks.array_record')
+  assert layout.test_files(out / records[0].tree) == ['tests/test_core.py', 'tests/test_stats.py']
