@@ -40,6 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.dtype = 'bfloat16'
   m.param_dtype = 'bfloat16'
   m.remat = 'full'
+  c.optimizer.muon_per_head = True  # NS per attention head: 64 small matrices, not one 8192 x 7168.
   c.data.batch_size = 4096
   c.data.seq_len = 4096
   return c

@@ -1,44 +1,73 @@
-"""Plans a model at full scale without allocating it: parameter counts and per-device bytes.
+"""Plans a model at full scale without allocating it: parameters, bytes and the Muon step per device.
 
-python -m launch.plan --config=experiments/kimi_k2.py --mesh=data:8,fsdp:64,expert:32 [--json]
+python -m launch.plan --config=experiments/kimi_k2.py --mesh=data:8,fsdp:64,expert:32 \
+    [--peak_tflops=989] [--link_gbps=50] [--json]
+
+The optimizer plan (research/optim/plan.py) counts Newton-Schulz FLOPs, all-to-all bytes and
+optimizer-state bytes per device for the layouts the runtime would use, and predicts the step time
+from the given hardware numbers.
 """
 
+import dataclasses
 import json
+import math
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
 from research.model import config as model_config
-from research.model import stats
+from research.model import stats, transformer
+from research.optim import plan as optim_plan
 from research.parallel import mesh as mesh_lib
+from research.train import optimizer as optim
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
 _MESH = flags.DEFINE_string('mesh', None, 'Mesh as axis:size pairs; default: the config\'s mesh.')
+_PEAK = flags.DEFINE_float('peak_tflops', 989.0, 'Peak dense bf16 TFLOP/s per device (H100/H200).')
+_LINK = flags.DEFINE_float('link_gbps', 50.0, 'Bytes/s one device sends to others, in GB/s.')
 _JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of a table.')
 flags.mark_flags_as_required(['config'])
 
 
-def plan(config, mesh_spec: str | None = None) -> dict:
+def plan(config, mesh_spec: str | None = None, peak_tflops: float = 989.0,
+         link_gbps: float = 50.0) -> dict:
   cfg = model_config.from_dict(config.model.to_dict())
   shape = mesh_lib.parse_mesh_spec(mesh_spec or config.mesh)
-  counts = stats.param_counts(cfg)
-  devices = 1
-  for n in shape.values():
-    devices *= n
-  return {**counts, 'mesh': shape, 'devices': devices,
-          'param_bytes_per_device': stats.bytes_per_device(cfg, shape)}
+  axes = transformer.param_axes(cfg)
+  shapes = jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))
+  per_head = config.optimizer.get('muon_per_head', False)
+  dims = jax.tree.map(lambda a: optim.dimension_numbers(a, per_head), axes,
+                      is_leaf=lambda x: isinstance(x, tuple))
+  opt = optim_plan.plan(shapes, axes, shape, weight_dimension_numbers=dims,
+                        ns_coeffs=config.optimizer.get('ns_coeffs', 'standard'),
+                        ns_dtype='bfloat16', peak_flops=peak_tflops * 1e12,
+                        link_bandwidth=link_gbps * 1e9)
+  opt_row = {k: v for k, v in dataclasses.asdict(opt).items() if k != 'groups'}
+  return {**stats.param_counts(cfg), 'mesh': shape, 'devices': math.prod(shape.values()),
+          'param_bytes_per_device': stats.bytes_per_device(cfg, shape),
+          'optimizer': {**opt_row, 'flops_balance': opt.flops_balance,
+                        'exchange_ratio': opt.exchange_ratio}}
 
 
 def main(argv):
   del argv
-  out = plan(_CONFIG.value, _MESH.value)
+  out = plan(_CONFIG.value, _MESH.value, _PEAK.value, _LINK.value)
   if _JSON.value:
     print(json.dumps(out))
     return
-  print(f'mesh                   {out["mesh"]} ({out["devices"]} devices)')
-  print(f'total parameters       {out["total_params"]:.4e}')
-  print(f'active parameters      {out["active_params"]:.4e}')
-  print(f'param bytes / device   {out["param_bytes_per_device"] / 2**30:.2f} GiB')
+  o = out['optimizer']
+  print(f'mesh                     {out["mesh"]} ({out["devices"]} devices)')
+  print(f'total parameters         {out["total_params"]:.4e}')
+  print(f'active parameters        {out["active_params"]:.4e}')
+  print(f'param bytes / device     {out["param_bytes_per_device"] / 2**30:.2f} GiB')
+  print(f'Muon NS FLOPs / device   {o["ns_flops_per_device"]:.3e} ({o["flops_balance"]:.2f}x the balanced share)')
+  print(f'Muon exchange / device   {o["exchange_bytes_per_device"] / 2**20:.1f} MiB '
+        f'({o["exchange_ratio"]:.2f}x the local shard)')
+  print(f'optimizer state / device {o["state_bytes_per_device"] / 2**30:.2f} GiB')
+  print(f'predicted Muon step      {o["step_seconds"]:.3f} s (NS {o["compute_seconds"]:.3f} s, '
+        f'exchange {o["exchange_seconds"]:.3f} s, {o["num_chunks"]} chunks; '
+        f'{_PEAK.value:g} TFLOP/s, {_LINK.value:g} GB/s)')
 
 
 if __name__ == '__main__':

@@ -213,13 +213,13 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     a2a = lambda a: jax.lax.all_to_all(a.reshape(ep, c, *a.shape[1:]), 'expert', 0, 0,
                                        tiled=False).reshape(ep * c, *a.shape[1:])
     recv_x, recv_e = a2a(send_x), a2a(send_e)
-    # Local experts on received rows; padding rows carry id e_local and sort to the end.
-    r_order = jnp.argsort(recv_e, stable=True)
-    group_sizes = jnp.bincount(recv_e, length=e_local + 1)[:e_local].astype(jnp.int32)
+    # Local experts on the received rows; padding rows carry id e_local.
     if impl == 'dense':
       real = (recv_e < e_local).astype(recv_x.dtype)[:, None]
       y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
     else:
+      r_order = jnp.argsort(recv_e, stable=True)  # Padding sorts last, past every group.
+      group_sizes = jnp.bincount(recv_e, length=e_local + 1)[:e_local].astype(jnp.int32)
       ys = grouped_ffn(pw, recv_x[r_order], group_sizes, impl, block)
       y = jnp.zeros_like(ys).at[r_order].set(ys)
     y = jax.lax.psum(y, 'tensor')

@@ -1,6 +1,7 @@
 """Parameter counts and per-device bytes from abstract shapes (no memory is allocated)."""
 
 import math
+import types
 
 import jax
 import numpy as np
@@ -24,11 +25,10 @@ def bytes_per_device(cfg: ModelConfig, mesh_shape: dict[str, int], rules=shardin
   shapes = jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))
   axes = transformer.param_axes(cfg)
 
-  class _Shape:  # fit_spec only needs `.shape`, so thousands of devices need no real mesh.
-    shape = mesh_shape
+  mesh = types.SimpleNamespace(shape=mesh_shape)  # fit_spec reads only .shape: no devices needed.
 
   def one(ax, x):
-    p = sharding.fit_spec(sharding.spec(ax, rules), x.shape, _Shape)
+    p = sharding.fit_spec(sharding.spec(ax, rules), x.shape, mesh)
     ways = [mesh_shape[a] for e in p if e for a in ((e,) if isinstance(e, str) else e)]
     return math.prod(x.shape) * np.dtype(x.dtype).itemsize / math.prod(ways)
   is_axes = lambda a: isinstance(a, tuple)

@@ -24,7 +24,7 @@ RULES: Rules = {
     'experts': 'expert',
     'expert_embed': 'fsdp',
     'expert_mlp': 'tensor',
-    'lora': None,
+    'lora': 'fsdp',           # MLA's low-rank projections are FSDP-sharded like other weights.
     'layers': None,
     'norm': None,
     # Activations.

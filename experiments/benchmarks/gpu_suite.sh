@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# GPU benchmarks in one run (under 8 minutes in all; the Muon part under 4). Results go to $OUT.
+#   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh
+# Needs only jax, optax and numpy on the machine. Each part is bounded by `timeout`, so one
+# failing part leaves the others' results.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/gpu_suite}"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+
+# Muon: NS throughput on a Kimi-like expert stack, optimizer step against optax (one GPU).
+timeout 180 "$PY" -m experiments.benchmarks.muon_gpu --json="$OUT/muon_gpu.json" \
+  || echo "muon_gpu failed: $?"
+# Muon: how the sharded update's collectives are scheduled when compiled for 8 GPUs (mocked
+# topology, compile only).
+JAX_MOCK_GPU_TOPOLOGY=1x1x8 timeout 60 "$PY" -m experiments.benchmarks.muon_gpu --overlap \
+  --json="$OUT/muon_gpu_overlap.json" || echo "muon_gpu --overlap failed: $?"

@@ -1,0 +1,173 @@
+"""What a compiled program communicates and how it schedules it, read from HLO text.
+
+Bytes are what one device sends, the convention research/optim/plan.py predicts:
+all-to-all and all-gather (G devices, result R bytes): R (G-1)/G; reduce-scatter: R (G-1);
+all-reduce: 2 R (G-1)/G; collective-permute: R. Async pairs count once, at their `-done`.
+Works on `compiled.as_text()` and on `lowered.as_text(dialect='hlo')` (before backend passes:
+XLA:CPU widens bf16 collectives to f32, so a bf16 exchange shows its width only there).
+"""
+
+import dataclasses
+import re
+
+COLLECTIVES = ('all-to-all', 'all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute')
+_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'f8e4m3fn': 1, 'f8e5m2': 1, 's16': 2, 'u16': 2, 'f16': 2,
+          'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8,
+          'c128': 16}
+_INSTR = re.compile(r'^\s*(?:ROOT\s+)?%?(?P<name>[\w.-]+)\s*=\s*')
+_HEADER = re.compile(r'^(?:ENTRY\s+)?%?(?P<name>[\w.-]+)\s.*\{\s*$')
+_ARRAY = re.compile(r'\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]')
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  name: str
+  opcode: str
+  result_bytes: int
+  operands: tuple[str, ...]   # Names of instructions and computations it references.
+  line: str
+
+
+def _shape_bytes(shape: str) -> int:
+  total = 0
+  for dtype, dims in _ARRAY.findall(shape):
+    n = 1
+    for d in filter(None, dims.split(',')):
+      n *= int(d)
+    total += n * _BYTES.get(dtype, 0)
+  return total
+
+
+def _split_paren(s: str) -> tuple[str, str]:
+  """(inside, after) for `s` that follows an opening parenthesis."""
+  depth = 1
+  for i, ch in enumerate(s):
+    depth += (ch == '(') - (ch == ')')
+    if not depth:
+      return s[:i], s[i + 1:]
+  return s, ''
+
+
+def _parse(line: str) -> Instruction | None:
+  m = _INSTR.match(line)
+  if not m:
+    return None
+  rest = line[m.end():]
+  if rest.startswith('('):  # A tuple shape.
+    shape, rest = _split_paren(rest[1:])
+    rest = rest.lstrip()
+  else:
+    shape, _, rest = rest.partition(' ')
+  opcode, _, rest = rest.partition('(')
+  args, attrs = _split_paren(rest)
+  operands = re.findall(r'%?([A-Za-z_][\w.-]*)', re.sub(r'\w+\[[\d,]*\](\{[\d,]*\})?', '', args))
+  operands += re.findall(r'(?:calls|to_apply)=%?([\w.-]+)', attrs)
+  return Instruction(m['name'], opcode, _shape_bytes(shape), tuple(operands), line)
+
+
+def computations(hlo: str) -> dict[str, list[Instruction]]:
+  """Instructions of every computation, in schedule order; the entry is also under 'ENTRY'."""
+  out, current = {}, None
+  for line in hlo.splitlines():
+    if current is None:
+      m = _HEADER.match(line)
+      if m and not line.startswith('HloModule'):
+        current = out.setdefault(m['name'], [])
+        if line.startswith('ENTRY'):
+          out['ENTRY'] = current
+    elif line.startswith('}'):
+      current = None
+    else:
+      ins = _parse(line)
+      if ins:
+        current.append(ins)
+  return out
+
+
+def _group_size(line: str) -> int:
+  m = re.search(r'replica_groups=\[(\d+),(\d+)\]', line)
+  if m:
+    return int(m[2])
+  m = re.search(r'replica_groups=\{\{([\d,]*)\}', line)
+  if m:
+    return len(m[1].split(','))
+  return 2 if 'source_target_pairs=' in line else 1
+
+
+def _sent(kind: str, group: int, result: int) -> float:
+  if kind == 'reduce-scatter':
+    return result * (group - 1)
+  if kind == 'all-reduce':
+    return 2 * result * (group - 1) / group
+  if kind == 'collective-permute':
+    return result
+  return result * (group - 1) / group
+
+
+def collective_bytes(hlo: str) -> float:
+  """Bytes one device sends in all collectives of the program."""
+  total = 0.0
+  comps = computations(hlo)
+  for name, instrs in comps.items():
+    if name == 'ENTRY':
+      continue
+    for ins in instrs:
+      kind = ins.opcode.removesuffix('-done')
+      if kind in COLLECTIVES and not ins.opcode.endswith('-start'):
+        total += _sent(kind, _group_size(ins.line), ins.result_bytes)
+  return total
+
+
+def _is_matmul(ins: Instruction, comps: dict[str, list[Instruction]]) -> bool:
+  if ins.opcode in ('dot', 'convolution'):
+    return True
+  return ins.opcode == 'fusion' and any(
+      c.opcode in ('dot', 'convolution') for op in ins.operands for c in comps.get(op, ()))
+
+
+def _is_collective(ins: Instruction, comps: dict[str, list[Instruction]]) -> bool:
+  if ins.opcode.removesuffix('-start') in COLLECTIVES:
+    return True
+  return ins.opcode == 'async-start' and any(
+      c.opcode in COLLECTIVES for op in ins.operands for c in comps.get(op, ()))
+
+
+def schedule(hlo: str) -> dict[str, int]:
+  """How the entry computation orders collectives and matmuls.
+
+  collectives: collectives (async starts count once); async: those split into start/done;
+  matmuls_in_flight: matmuls scheduled while an async collective is in flight;
+  interleaved: collectives scheduled between the first and the last matmul;
+  max_collective_deps: most collectives any collective transitively waits for (chunks whose
+  exchanges wait only on their own earlier exchange can overlap each other's NS).
+  """
+  comps = computations(hlo)
+  entry = comps.get('ENTRY', [])
+  names = {ins.name for ins in entry}
+  deps: dict[str, set[str]] = {}
+  is_coll = {ins.name: _is_collective(ins, comps) for ins in entry}
+  for ins in entry:
+    d = set()
+    for op in ins.operands:
+      if op in names:
+        d |= deps.get(op, set()) | ({op} if is_coll.get(op) else set())
+    deps[ins.name] = d
+  matmul_pos = [i for i, ins in enumerate(entry) if _is_matmul(ins, comps)]
+  colls = [(i, ins) for i, ins in enumerate(entry) if is_coll[ins.name]]
+  in_flight, open_starts = 0, 0
+  for ins in entry:
+    if is_coll[ins.name] and ins.opcode.endswith('-start'):
+      open_starts += 1
+    elif ins.opcode.endswith('-done'):
+      open_starts = max(open_starts - 1, 0)
+    elif open_starts and _is_matmul(ins, comps):
+      in_flight += 1
+  first, last = (matmul_pos[0], matmul_pos[-1]) if matmul_pos else (0, -1)
+  return {
+      'collectives': len(colls),
+      'async': sum(ins.opcode.endswith('-start') for _, ins in colls),
+      'matmuls': len(matmul_pos),
+      'matmuls_in_flight': in_flight,
+      'interleaved': sum(first < i < last for i, _ in colls),
+      'max_collective_deps': max((len(deps[ins.name]) for _, ins in colls), default=0),
+  }

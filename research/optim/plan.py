@@ -1,0 +1,168 @@
+"""Analytic cost of the sharded Muon step: pure Python on shapes, no devices needed.
+
+  plan(shapes, shardings, mesh_shape, *, weight_dimension_numbers=None, param_labels=None,
+       ns_coeffs='standard', ns_steps=None, ns_dtype='float32', mu_dtype=None,
+       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, rules=RULES,
+       peak_flops=None, link_bandwidth=None) -> Plan
+
+  shapes        pytree of objects with .shape and .dtype (e.g. jax.eval_shape(init_params, ...)).
+  shardings     matching pytree (or prefix) of PartitionSpec / NamedSharding, or of logical-axis
+                tuples such as ('layers', 'embed', 'heads', 'head_dim'), mapped through `rules`
+                (research/parallel/sharding.py) and dropped where they don't divide, as
+                `tree_shardings` does.
+  mesh_shape    {axis: size}, any size (e.g. {'data': 8, 'fsdp': 64, 'expert': 32}); standard axes
+                left out have size 1.
+  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and link_bandwidth
+                (bytes/s one device sends) give the predicted seconds.
+
+Plan fields, per device unless noted: ns_flops_per_device (matmul FLOPs of NS, padding and
+redundant copies included), ns_flops_total (every matrix once, whole mesh),
+exchange_bytes_per_device (bytes sent: all-to-all (S-1)/S of its payload, each way; all-gather
+over spread axes (R-1)/R of its result), local_shard_bytes (the Muon leaves' shards, param
+dtype), state_bytes_per_device (Muon momentum and AdamW moments), num_chunks, and with hardware
+numbers compute_seconds, exchange_seconds and
+step_seconds = max(compute, exchange) + min(compute, exchange) / num_chunks
+(chunked exchanges overlap NS except for the pipeline's fill and drain). The same layout code as
+the runtime (exchange.plan_groups) decides groups, padding and chunks, so FLOPs and bytes match the
+compiled program's cost_analysis() and HLO collectives (tests/optim/test_plan.py).
+"""
+
+import dataclasses
+import math
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from research.optim import exchange as exchange_lib
+from research.optim import muon as muon_lib
+from research.optim import newton_schulz
+from research.parallel import mesh as mesh_lib
+from research.parallel import sharding as sharding_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupPlan:
+  shape: tuple[int, int]       # (p, q) of one matrix.
+  matrices: int                # In the group, whole mesh (no padding).
+  per_device: int              # NS'd by one device, padding included.
+  exchange_size: int           # S.
+  spread_size: int             # R.
+  exchange_bytes: float        # Sent by one device.
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  num_devices: int
+  ns_flops_per_device: float
+  ns_flops_total: float
+  exchange_bytes_per_device: float
+  local_shard_bytes: float
+  state_bytes_per_device: float
+  num_chunks: int
+  groups: tuple[GroupPlan, ...]
+  compute_seconds: float | None = None
+  exchange_seconds: float | None = None
+  step_seconds: float | None = None
+
+  @property
+  def flops_balance(self) -> float:
+    """Per-device NS FLOPs over the perfectly balanced share (1.0 = no waste)."""
+    return self.ns_flops_per_device * self.num_devices / max(self.ns_flops_total, 1)
+
+  @property
+  def exchange_ratio(self) -> float:
+    """Bytes sent over the local Muon shard."""
+    return self.exchange_bytes_per_device / max(self.local_shard_bytes, 1)
+
+
+def _is_axes(x) -> bool:
+  return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def _spec(s, shape: Sequence[int], mesh_shape: Mapping[str, int], rules) -> P:
+  if isinstance(s, NamedSharding):
+    return s.spec
+  if _is_axes(s):  # Logical axes: sharding.fit_spec only reads mesh.shape.
+    return sharding_lib.fit_spec(sharding_lib.spec(s, rules), shape,
+                                 types.SimpleNamespace(shape=mesh_shape))
+  return s or P()
+
+
+def _local_elems(shape, spec: P, mesh_shape, where: str) -> int:
+  axes = exchange_lib.spec_axes(spec, len(shape), mesh_shape, where)
+  return math.prod(n // math.prod(mesh_shape[a] for a in names) for n, names in zip(shape, axes))
+
+
+def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
+         weight_dimension_numbers: Any = None, param_labels: Any = None,
+         ns_coeffs: Any = 'standard', ns_steps: int | None = None, ns_dtype: Any = 'float32',
+         mu_dtype: Any = None, spread_axes: exchange_lib.SpreadAxes = None,
+         exchange: str = 'all_to_all', chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
+         rules: sharding_lib.Rules = sharding_lib.RULES, peak_flops: float | None = None,
+         link_bandwidth: float | None = None) -> Plan:
+  """Per-device NS FLOPs, exchange bytes and state bytes of one step (module docstring)."""
+  # The standard axes the rules may name default to size 1.
+  mesh_shape = {a: 1 for a in mesh_lib.AXES} | {a: int(n) for a, n in mesh_shape.items()}
+  for a, n in mesh_shape.items():
+    if n < 1:
+      raise ValueError(f'mesh_shape: axis {a!r} has size {n}')
+  steps = len(newton_schulz.schedule(ns_coeffs, ns_steps))
+  ns_dtype = np.dtype(ns_dtype)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  sh_flat = treedef.flatten_up_to(jax.tree.map(
+      lambda s, sub: jax.tree.map(lambda _: s, sub), shardings, shapes,
+      is_leaf=lambda x: x is None or _is_axes(x) or isinstance(x, (P, NamedSharding))))
+  dims = treedef.flatten_up_to(
+      muon_lib.resolve_dimension_numbers(weight_dimension_numbers, shapes))
+  labels = param_labels if param_labels is not None else muon_lib.default_param_labels(
+      shapes, weight_dimension_numbers)
+  labels = treedef.flatten_up_to(labels(shapes) if callable(labels) else labels)
+
+  leaves, dtypes, global_counts, local_bytes, state_bytes = [], [], [], 0, 0
+  for (path, x), s, d, label in zip(flat, sh_flat, dims, labels):
+    where = muon_lib.path_str(path) or '<root>'
+    spec = _spec(s, x.shape, mesh_shape, rules)
+    local = _local_elems(x.shape, spec, mesh_shape, where)
+    itemsize = np.dtype(x.dtype).itemsize
+    moment = np.dtype(mu_dtype or x.dtype).itemsize
+    if label == 'muon':
+      d = muon_lib.leaf_dimension_numbers(d, len(x.shape), where)
+      leaf = exchange_lib.leaf_layout(x.shape, spec, d, mesh_shape, spread_axes, where)
+      leaves.append(leaf)
+      dtypes.append(ns_dtype)
+      local_bytes += local * itemsize
+      state_bytes += local * moment
+      global_counts.append(math.prod(x.shape) // math.prod(d.size for d in leaf.dims))
+    else:
+      state_bytes += local * (moment + itemsize)
+
+  groups, flops, total_flops, sent, chunks = [], 0, 0, 0.0, 0
+  for g in exchange_lib.plan_groups(leaves, dtypes, mesh_shape, exchange, chunk_bytes):
+    per_device = sum(g.chunks)
+    s, r, item = g.exchange_size, g.spread_size, g.dtype.itemsize
+    if exchange == 'all_gather':
+      bytes_ = (s - 1) * g.padded * g.local_elems * item
+    else:
+      payload = g.padded // r * g.local_elems * item
+      bytes_ = 2 * (s - 1) / s * payload + (r - 1) * payload
+    matrices = sum(global_counts[i] for i in g.leaves)
+    groups.append(GroupPlan(g.shape, matrices, per_device, s, r, bytes_))
+    flops += per_device * newton_schulz.flops(*g.shape, steps)
+    total_flops += matrices * newton_schulz.flops(*g.shape, steps)
+    sent += bytes_
+    chunks += len(g.chunks)
+
+  devices = math.prod(mesh_shape.values())
+  out = Plan(num_devices=devices, ns_flops_per_device=flops, ns_flops_total=total_flops,
+             exchange_bytes_per_device=sent, local_shard_bytes=local_bytes,
+             state_bytes_per_device=state_bytes, num_chunks=max(chunks, 1), groups=tuple(groups))
+  if peak_flops and link_bandwidth:
+    compute, comm = flops / peak_flops, sent / link_bandwidth
+    out = dataclasses.replace(
+        out, compute_seconds=compute, exchange_seconds=comm,
+        step_seconds=max(compute, comm) + min(compute, comm) / out.num_chunks)
+  return out

@@ -1,0 +1,147 @@
+"""The analytic plan matches the compiled program; the exchange meets its bounds and can overlap."""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from experiments.benchmarks.muon import moe_tree
+from research.optim import hlo_stats
+from research.optim import muon as muon_lib
+from research.optim import plan as plan_lib
+from research.parallel import mesh as mesh_lib
+from research.parallel import sharding as sharding_lib
+
+# The benchmark's tree (same layer and expert counts, so the same padding), narrower.
+SIZES = dict(L=4, D=64, H=4, K=2, Dh=16, E=16, F=64, Fs=64, V=128)
+FAST_COMPILE = {'xla_backend_optimization_level': 0}
+
+
+@functools.cache
+def _lower(mesh_spec, **kwargs):
+  """(lowered, plan) of the full Muon + AdamW update on the tiny MoE tree."""
+  mesh = mesh_lib.make_mesh(mesh_spec)
+  shapes, axes, dims = moe_tree(**SIZES)
+  shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
+  opt = muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, mesh=mesh, shardings=shardings,
+                      **kwargs)
+  state = jax.eval_shape(opt.init, shapes)
+  state_sh = muon_lib.state_shardings(state, shapes, shardings, mesh)
+  lowered = jax.jit(opt.update, in_shardings=(shardings, state_sh, shardings)).lower(
+      shapes, state, shapes)
+  ns_dtype = kwargs.get('ns_dtype', jnp.float32)
+  plan = plan_lib.plan(shapes, axes, dict(mesh.shape), weight_dimension_numbers=dims,
+                       ns_dtype=ns_dtype, exchange=kwargs.get('exchange', 'all_to_all'))
+  return lowered, plan
+
+
+@functools.cache
+def _compile(mesh_spec, **kwargs):
+  lowered, plan = _lower(mesh_spec, **kwargs)
+  return lowered.compile(FAST_COMPILE), plan
+
+
+@pytest.mark.parametrize('mesh_spec, kwargs', [
+    ('fsdp:2,expert:4', {}),
+    ('data:2,fsdp:2,expert:2', {}),
+    ('fsdp:2,expert:2,tensor:2', {'exchange': 'all_gather'}),
+    ('fsdp:8', {}),
+])
+def test_plan_matches_compiled(mesh_spec, kwargs):
+  compiled, plan = _compile(mesh_spec, **kwargs)
+  flops = compiled.cost_analysis()['flops']
+  sent = hlo_stats.collective_bytes(compiled.as_text())
+  assert plan.ns_flops_per_device == pytest.approx(flops, rel=0.1)
+  assert plan.exchange_bytes_per_device == pytest.approx(sent, rel=0.1)
+  assert sent > 0
+
+
+def test_exchange_bounds_on_the_benchmark_mesh():
+  """At most 2.2x the local shard in f32, 1.1x in bf16; NS FLOPs at most 1.15x the ideal share."""
+  compiled, plan = _compile('fsdp:2,expert:4')
+  lowered_bf16, plan_bf16 = _lower('fsdp:2,expert:4', ns_dtype=jnp.bfloat16)
+  f32 = hlo_stats.collective_bytes(compiled.as_text())
+  # XLA:CPU widens bf16 collectives to f32; the lowered program keeps the exchanged width.
+  bf16 = hlo_stats.collective_bytes(lowered_bf16.as_text(dialect='hlo'))
+  assert plan_bf16.exchange_bytes_per_device == pytest.approx(bf16, rel=0.1)
+  assert f32 <= 2.2 * plan.local_shard_bytes
+  assert bf16 <= 1.1 * plan.local_shard_bytes
+  ideal = plan.ns_flops_total / plan.num_devices
+  assert compiled.cost_analysis()['flops'] <= 1.15 * ideal
+
+
+def test_chunks_exchange_independently():
+  """Each chunk's all-to-alls wait only on that chunk, so one chunk's exchange can run while
+  another's NS computes; the memory-minimizing CPU schedule interleaves them."""
+  mesh = mesh_lib.make_mesh('fsdp:8')
+  shapes = {'w': jax.ShapeDtypeStruct((32, 64, 128), jnp.float32)}
+  opt = muon_lib.scale_by_muon(
+      weight_dimension_numbers={'w': muon_lib.MuonDimensionNumbers(1, 2)}, mesh=mesh,
+      shardings={'w': P(None, 'fsdp')}, chunk_bytes=64 * 128 * 4)  # One matrix per chunk.
+  lowered = jax.jit(opt.update).lower(shapes, jax.eval_shape(opt.init, shapes))
+  chunks = 32 // 8
+  default = hlo_stats.schedule(lowered.compile(FAST_COMPILE).as_text())
+  assert default['collectives'] == 2 * chunks
+  assert default['max_collective_deps'] == 1
+  memory = hlo_stats.schedule(lowered.compile(
+      dict(FAST_COMPILE, xla_cpu_scheduler_type='CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED')).as_text())
+  assert memory['interleaved'] == 2 * chunks - 2
+
+
+def test_whole_experts_need_no_exchange():
+  """Experts sharded only on the expert axis: NS where they are, no collective at all."""
+  mesh = mesh_lib.make_mesh('expert:8')
+  shapes = {'wi': jax.ShapeDtypeStruct((2, 16, 32, 48), jnp.float32)}
+  axes = {'wi': ('layers', 'experts', 'expert_embed', 'expert_mlp')}
+  dims = {'wi': muon_lib.MuonDimensionNumbers(2, 3)}
+  shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
+  opt = muon_lib.scale_by_muon(weight_dimension_numbers=dims, mesh=mesh, shardings=shardings)
+  compiled = jax.jit(opt.update).lower(shapes, jax.eval_shape(opt.init, shapes)).compile(
+      FAST_COMPILE)
+  plan = plan_lib.plan(shapes, axes, dict(mesh.shape), weight_dimension_numbers=dims)
+  assert hlo_stats.collective_bytes(compiled.as_text()) == plan.exchange_bytes_per_device == 0
+  assert plan.flops_balance == 1.0
+  assert compiled.cost_analysis()['flops'] == pytest.approx(plan.ns_flops_per_device, rel=0.1)
+
+
+def test_narrow_dense_weights():
+  """Dense weights kept in their fsdp exchange group repeat NS on every expert replica."""
+  shapes, axes, dims = moe_tree(**SIZES)
+  mesh_shape = {'fsdp': 2, 'expert': 4}
+  wide = plan_lib.plan(shapes, axes, mesh_shape, weight_dimension_numbers=dims)
+  narrow = plan_lib.plan(shapes, axes, mesh_shape, weight_dimension_numbers=dims,
+                         spread_axes=lambda path: None if '/moe/w' in path else ())
+  assert {g.spread_size for g in wide.groups} == {1, 4}
+  assert {g.spread_size for g in narrow.groups} == {1}
+  assert narrow.ns_flops_per_device > wide.ns_flops_per_device
+  assert narrow.ns_flops_total == wide.ns_flops_total
+
+
+def test_plan_kimi_scale_without_devices():
+  """Kimi K2's experts (60 MoE layers x 384 x three 7168 x 2048) over 16384 devices."""
+  shape = jax.ShapeDtypeStruct((60, 384, 7168, 2048), jnp.bfloat16)
+  shapes = {'wi_gate': shape, 'wi_up': shape,
+            'wo': jax.ShapeDtypeStruct((60, 384, 2048, 7168), jnp.bfloat16)}
+  axes = {'wi_gate': ('layers', 'experts', 'expert_embed', 'expert_mlp'),
+          'wi_up': ('layers', 'experts', 'expert_embed', 'expert_mlp'),
+          'wo': ('layers', 'experts', 'expert_mlp', 'expert_embed')}
+  dims = jax.tree.map(lambda _: muon_lib.MuonDimensionNumbers(2, 3), shapes)
+  start = time.perf_counter()
+  plan = plan_lib.plan(shapes, axes, {'data': 8, 'fsdp': 64, 'expert': 32, 'tensor': 1},
+                       weight_dimension_numbers=dims, ns_dtype=jnp.bfloat16,
+                       peak_flops=9.9e14, link_bandwidth=4.5e10)
+  assert time.perf_counter() - start < 1.0
+  assert plan.ns_flops_total == pytest.approx(4.75e16, rel=0.01)
+  # 2160 local matrices per fsdp group spread over 8 x 64 devices: 5 each, not 4.22.
+  assert plan.ns_flops_per_device == pytest.approx(plan.ns_flops_total / 16384 * 5 / 4.21875)
+  local = 3 * 60 * 12 * 2048 * 112 * 2  # Three leaves' bf16 shards.
+  assert plan.local_shard_bytes == local
+  assert plan.exchange_bytes_per_device <= 2 * local
+  assert plan.step_seconds == pytest.approx(
+      max(plan.compute_seconds, plan.exchange_seconds)
+      + min(plan.compute_seconds, plan.exchange_seconds) / plan.num_chunks)
+  assert np.isfinite(plan.step_seconds)
