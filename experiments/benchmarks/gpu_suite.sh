@@ -16,3 +16,7 @@ timeout 180 "$PY" -m experiments.benchmarks.muon_gpu --json="$OUT/muon_gpu.json"
 # topology, compile only).
 JAX_MOCK_GPU_TOPOLOGY=1x1x8 timeout 60 "$PY" -m experiments.benchmarks.muon_gpu --overlap \
   --json="$OUT/muon_gpu_overlap.json" || echo "muon_gpu --overlap failed: $?"
+
+# MoE expert paths on the GPU: ragged_dot (grouped GEMM) vs blocked vs dense, compiled FLOPs and tokens/s.
+timeout 150 "$PY" -m experiments.benchmarks.moe_paths --tokens=8192 --d_model=2048 --d_expert=1024 \
+  --top_k=8 --experts=8,32,128 --json="$OUT/moe_paths_gpu.json" || echo "moe_paths failed: $?"

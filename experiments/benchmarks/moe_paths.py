@@ -22,9 +22,9 @@ from research.model.layers import materialize
 
 def measure(cfg: ModelConfig, tokens: int, impl: str, repeats: int) -> dict:
   c = dataclasses.replace(cfg, moe_impl=impl)
-  p = materialize(moe.moe_specs(c), jax.random.key(0), jnp.float32)
+  p = materialize(moe.moe_specs(c), jax.random.key(0), jnp.dtype(c.param_dtype))
   p['router'] = jax.random.normal(jax.random.key(1), p['router'].shape)
-  x = jax.random.normal(jax.random.key(2), (1, tokens, c.d_model))
+  x = jax.random.normal(jax.random.key(2), (1, tokens, c.d_model), jnp.dtype(c.dtype))
   valid = jnp.ones((1, tokens), bool)
   fn = jax.jit(lambda p, x: moe.moe(p, x, valid, c)[0])
   compiled = fn.lower(p, x).compile()
@@ -38,6 +38,7 @@ def measure(cfg: ModelConfig, tokens: int, impl: str, repeats: int) -> dict:
   return {'experts': c.num_experts, 'impl': impl, 'flops': compiled.cost_analysis()['flops'],
           'flops_over_ideal': compiled.cost_analysis()['flops'] / ideal,
           'tokens_per_s': tokens / float(np.median(times)),
+          'useful_tflop_per_s': ideal / float(np.median(times)) / 1e12,
           'block': moe.block_size(tokens * c.num_experts_per_tok, c.num_experts) if impl == 'blocked' else None}
 
 
@@ -50,19 +51,21 @@ def main():
   ap.add_argument('--top_k', type=int, default=2)
   ap.add_argument('--impls', default='dense,ragged,blocked')
   ap.add_argument('--repeats', type=int, default=5)
+  ap.add_argument('--dtype', default='float32', help='activations and weights')
   ap.add_argument('--json', default=None)
   args = ap.parse_args()
   rows = []
   print(f'backend={jax.default_backend()} tokens={args.tokens} d_model={args.d_model} '
-        f'd_expert={args.d_expert} k={args.top_k}')
-  print(f'{"experts":>8} {"path":>8} {"FLOPs/ideal":>12} {"tokens/s":>12}')
+        f'd_expert={args.d_expert} k={args.top_k} dtype={args.dtype}')
+  print(f'{"experts":>8} {"path":>8} {"FLOPs/ideal":>12} {"tokens/s":>12} {"useful TFLOP/s":>15}')
   for e in map(int, args.experts.split(',')):
     cfg = ModelConfig(d_model=args.d_model, d_expert=args.d_expert, num_experts=e,
-                      num_experts_per_tok=args.top_k)
+                      num_experts_per_tok=args.top_k, dtype=args.dtype, param_dtype=args.dtype)
     for impl in args.impls.split(','):
       r = measure(cfg, args.tokens, impl, args.repeats)
       rows.append(r)
-      print(f'{e:>8} {impl:>8} {r["flops_over_ideal"]:>12.3f} {r["tokens_per_s"]:>12.0f}', flush=True)
+      print(f'{e:>8} {impl:>8} {r["flops_over_ideal"]:>12.3f} {r["tokens_per_s"]:>12.0f} '
+            f'{r["useful_tflop_per_s"]:>15.3f}', flush=True)
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(rows, f, indent=1)

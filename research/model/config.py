@@ -33,6 +33,13 @@ class ModelConfig:
   v_head_dim: int = 32
   rope_theta: float = 10_000.0
   rope_interleaved: bool = False    # DeepSeek rotates (2i, 2i+1) pairs; Qwen rotates halves.
+  # YaRN context extension (HF rope_type 'yarn'; DeepSeek-V3, Kimi K2). factor 1.0 is plain RoPE.
+  rope_yarn_factor: float = 1.0
+  rope_yarn_original_len: int = 4096
+  rope_yarn_beta_fast: float = 32.0
+  rope_yarn_beta_slow: float = 1.0
+  rope_yarn_attention_factor: float = 1.0  # Multiplies cos and sin (so the rotated dims of q and k).
+  attn_scale_mult: float = 1.0      # Multiplies the head_dim**-0.5 softmax scale (DeepSeek's YaRN mscale**2).
   norm_eps: float = 1e-6
   # Feed-forward. The first `first_k_dense` layers use a dense MLP of width d_ff.
   d_ff: int = 256
@@ -50,7 +57,7 @@ class ModelConfig:
   aux_loss_coef: float = 0.0        # Load-balancing loss (softmax router).
   z_loss_coef: float = 0.0
   bias_update_rate: float = 0.0     # Aux-loss-free balancing (sigmoid router), applied per step.
-  moe_impl: str = 'auto'            # auto: ragged_dot on GPU/TPU, blocked grouped matmul on CPU.
+  moe_impl: str = 'auto'            # auto: ragged_dot on TPU, blocked grouped matmul elsewhere.
   moe_block_size: int = 0           # Rows per block of the blocked path; 0 picks one (<= 25% pad).
   expert_parallel: bool = True      # shard_map + all-to-all over `expert` when that axis is > 1.
   # Numerics and memory.
@@ -91,6 +98,7 @@ class ModelConfig:
     if self.attention == 'gqa':
       need(self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads == 0, 'num_kv_heads',
            f'must divide num_heads={self.num_heads}')
+    need(self.rope_yarn_factor >= 1.0, 'rope_yarn_factor', 'must be >= 1 (1 disables YaRN)')
     need(self.rope_dim % 2 == 0, 'qk_rope_head_dim' if self.attention == 'mla' else 'head_dim',
          'RoPE needs an even dimension')
     return self

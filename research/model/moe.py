@@ -1,12 +1,13 @@
 """Dropless Mixture-of-Experts: router, grouped expert FFN on three paths, expert parallelism.
 
-Paths (same math, chosen per backend by `moe_impl`):
+Paths (same math, chosen by `moe_impl`):
   dense   - every token through every expert, combined with a sparse weight matrix. Test reference.
-  ragged  - sort token copies by expert, `jax.lax.ragged_dot`, unsort. A grouped GEMM on GPU/TPU;
-            on CPU XLA lowers it to a product over all experts (E/k times the FLOPs).
+  ragged  - sort token copies by expert, `jax.lax.ragged_dot`, unsort. A grouped GEMM kernel on TPU;
+            on CPU XLA lowers it to a product over all experts (E/k times the FLOPs), and on an
+            H200 with jax 0.11.2 it ran 2-19x slower than `blocked` (docs/benchmarks.md).
   blocked - sort by expert, pad each expert's group to a multiple of a block size, one batched matmul
             over blocks with each block's expert weights. Compiled FLOPs stay within
-            1 + E * (block - 1) / (N * k) of the ideal, so it is the CPU path.
+            1 + E * (block - 1) / (N * k) of the ideal; the `auto` choice on CPU and GPU.
 Expert parallelism: `jax.shard_map` over the mesh; token copies travel to the devices that own their
 experts in fixed-size buffers through one all-to-all and come back through another.
 """
@@ -170,7 +171,7 @@ def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0
 def resolve_impl(impl: str) -> str:
   if impl != 'auto':
     return impl
-  return 'ragged' if jax.default_backend() in ('gpu', 'tpu') else 'blocked'
+  return 'ragged' if jax.default_backend() == 'tpu' else 'blocked'
 
 
 def _local_experts(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int):
