@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from research.model.config import ModelConfig
-from research.model.layers import ParamSpec, rms_norm, rope
+from research.model import layers
+from research.model.layers import ParamSpec, rms_norm
 from research.parallel.sharding import constrain
 
 NEG_INF = -1e30  # Finite, so fully masked (padding) rows give a uniform softmax instead of NaN.
@@ -72,6 +73,16 @@ def _write(cache_x, new_x, write_at):
   return jax.lax.dynamic_update_slice_in_dim(cache_x, new_x.astype(cache_x.dtype), write_at, axis=1)
 
 
+def _rope(x, pos_BxT, cfg: ModelConfig):
+  if cfg.rope_yarn_factor == 1.0:
+    return layers.rope(x, pos_BxT, cfg.rope_theta, cfg.rope_interleaved)
+  freq = layers.yarn_frequencies(cfg.rope_dim, cfg.rope_theta, cfg.rope_yarn_factor,
+                                 cfg.rope_yarn_original_len, cfg.rope_yarn_beta_fast,
+                                 cfg.rope_yarn_beta_slow)
+  return layers.rope(x, pos_BxT, cfg.rope_theta, cfg.rope_interleaved, freq,
+                     cfg.rope_yarn_attention_factor)
+
+
 def attention(p: dict, x_BxTxD, pos_BxT, mask_BxTxS, cfg: ModelConfig, cache=None, write_at=None):
   """Returns (out_BxTxD, new_cache or None, max_logit_H)."""
   dt = x_BxTxD.dtype
@@ -82,8 +93,7 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask_BxTxS, cfg: ModelConfig, cache=Non
     v = jnp.einsum('btd,dhq->bthq', x_BxTxD, w('v'))
     if cfg.qk_norm:
       q, k = rms_norm(q, p['q_norm'], cfg.norm_eps), rms_norm(k, p['k_norm'], cfg.norm_eps)
-    q = rope(q, pos_BxT, cfg.rope_theta, cfg.rope_interleaved)
-    k = rope(k, pos_BxT, cfg.rope_theta, cfg.rope_interleaved)
+    q, k = _rope(q, pos_BxT, cfg), _rope(k, pos_BxT, cfg)
     if cache is not None:
       cache = {'k': _write(cache['k'], k, write_at), 'v': _write(cache['v'], v, write_at)}
       k, v = cache['k'].astype(dt), cache['v'].astype(dt)
@@ -95,10 +105,10 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask_BxTxS, cfg: ModelConfig, cache=Non
       q = jnp.einsum('btr,rhq->bthq', q_lat, w('q_b'))
     else:
       q = jnp.einsum('btd,dhq->bthq', x_BxTxD, w('q'))
-    q = jnp.concatenate([q[..., :dn], rope(q[..., dn:], pos_BxT, cfg.rope_theta, cfg.rope_interleaved)], -1)
+    q = jnp.concatenate([q[..., :dn], _rope(q[..., dn:], pos_BxT, cfg)], -1)
     kv_a = x_BxTxD @ w('kv_a')
     ckv_BxTxR = rms_norm(kv_a[..., :r], p['kv_a_norm'], cfg.norm_eps)
-    kpe_BxTxR = rope(kv_a[..., None, r:], pos_BxT, cfg.rope_theta, cfg.rope_interleaved)[:, :, 0]
+    kpe_BxTxR = _rope(kv_a[..., None, r:], pos_BxT, cfg)[:, :, 0]
     if cache is not None:
       cache = {'ckv': _write(cache['ckv'], ckv_BxTxR, write_at),
                'kpe': _write(cache['kpe'], kpe_BxTxR, write_at)}
@@ -109,6 +119,6 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask_BxTxS, cfg: ModelConfig, cache=Non
     k = jnp.concatenate([k_nope, kpe], axis=-1)
     scale = cfg.qk_head_dim ** -0.5
   q = constrain(q, ('act_batch', 'act_seq', 'act_heads', None))
-  out, max_logit_H = attend(q, k, v, mask_BxTxS, scale)
+  out, max_logit_H = attend(q, k, v, mask_BxTxS, scale * cfg.attn_scale_mult)
   out = jnp.einsum('bthv,hvd->btd', out, w('o'))
   return out, cache, max_logit_H

@@ -1,10 +1,12 @@
 """Parameter specs and the small layers shared by attention and MoE: RMSNorm, RoPE, SwiGLU."""
 
 import dataclasses
+import math
 import zlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +50,32 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x_BxTxHxR: jax.Array, pos_BxT: jax.Array, theta: float, interleaved: bool) -> jax.Array:
-  """Rotary embedding. interleaved rotates pairs (2i, 2i+1) (DeepSeek), else halves (i, i+R/2)."""
+def yarn_frequencies(r: int, theta: float, factor: float, original_len: int, beta_fast: float,
+                     beta_slow: float) -> np.ndarray:
+  """YaRN: interpolate (divide by factor) the slow dims, keep the fast ones, ramp in between.
+
+  Same float32 arithmetic as transformers' `_compute_yarn_parameters` (truncate=True).
+  """
+  base = theta ** (np.arange(0, r, 2, dtype=np.float32) / np.float32(r))
+  extra, inter = np.float32(1.0) / base, np.float32(1.0) / (np.float32(factor) * base)
+  dim = lambda rot: r * math.log(original_len / (rot * 2 * math.pi)) / (2 * math.log(theta))
+  low, high = max(math.floor(dim(beta_fast)), 0), min(math.ceil(dim(beta_slow)), r - 1)
+  ramp = np.clip((np.arange(r // 2, dtype=np.float32) - low) / np.float32(high - low or 0.001), 0, 1)
+  keep = np.float32(1.0) - ramp
+  return (inter * (1 - keep) + extra * keep).astype(np.float32)
+
+
+def rope(x_BxTxHxR: jax.Array, pos_BxT: jax.Array, theta: float, interleaved: bool, freq=None,
+         scale: float = 1.0) -> jax.Array:
+  """Rotary embedding. interleaved rotates pairs (2i, 2i+1) (DeepSeek), else halves (i, i+R/2).
+
+  freq (R/2,) overrides theta's frequencies (YaRN); scale multiplies cos and sin.
+  """
   r = x_BxTxHxR.shape[-1]
-  freq = theta ** (-jnp.arange(0, r, 2, dtype=jnp.float32) / r)
+  if freq is None:
+    freq = theta ** (-jnp.arange(0, r, 2, dtype=jnp.float32) / r)
   ang_BxTx1xR2 = (pos_BxT.astype(jnp.float32)[..., None] * freq)[:, :, None, :]
-  sin, cos = jnp.sin(ang_BxTx1xR2), jnp.cos(ang_BxTx1xR2)
+  sin, cos = jnp.sin(ang_BxTx1xR2) * scale, jnp.cos(ang_BxTx1xR2) * scale
   x = x_BxTxHxR.astype(jnp.float32)
   if interleaved:
     x1, x2 = x[..., 0::2], x[..., 1::2]

@@ -16,11 +16,16 @@ class Tokenizer(Protocol):
   bos_id: int
   eos_id: int
   end_of_message_id: int        # Ends every chat message; the sampler stops on it.
-  role_ids: dict[str, int]      # Starts a message of that role.
+  role_ids: dict[str, int]      # First id of a message of that role (may be shared, e.g. ChatML).
+  chat_start: list[int]         # Ids before the first chat message.
 
   def encode(self, text: str) -> list[int]: ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
+
+  def message_prefix(self, role: str) -> list[int]: ...  # Opens a message; starts with role_ids[role].
+
+  def message_suffix(self, role: str) -> list[int]: ...  # Closes it; starts with end_of_message_id.
 
 
 class ByteTokenizer:
@@ -35,9 +40,17 @@ class ByteTokenizer:
     self.eos_id = self.special_ids['<eos>']
     self.end_of_message_id = self.special_ids['<eom>']
     self.role_ids = {r: self.special_ids[f'<{r}>'] for r in ROLES}
+    self.chat_start = [self.bos_id]
 
   def encode(self, text: str) -> list[int]:
     return list(text.encode('utf-8'))
 
   def decode(self, ids: Sequence[int]) -> str:
     return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode('utf-8', errors='replace')
+
+  def message_prefix(self, role: str) -> list[int]:
+    return [self.role_ids[role]]
+
+  def message_suffix(self, role: str) -> list[int]:
+    del role
+    return [self.end_of_message_id]

@@ -1,0 +1,342 @@
+"""Hugging Face folder -> orbax checkpoint -> Hugging Face folder, streaming; and loading onto a mesh.
+
+Import reads the shards one after another, tensor by tensor (big ones, such as fused experts,
+embeddings and lm_head, in row pieces of at most 1/8 of a shard), and writes each block straight
+into its slice of the stacked leaf with tensorstore (zarr chunks aligned with those writes), so host
+memory holds about one piece at a time whatever the model's size. The checkpoint is an ordinary
+orbax PyTree checkpoint (one zarr array per leaf): orbax writes its metadata around placeholder
+leaves, which are then replaced by the full-size arrays. Our ModelConfig rides along in the
+checkpoint's custom metadata. Export does the reverse, reading leaf slices and writing safetensors
+shards tensor by tensor. Both write into `<dest>.partial-<id>` and rename it into place when
+complete, so an interrupted or failed conversion never leaves a folder that looks finished.
+Processes that convert big folders should call research.hf.malloc.tune_for_streaming() before
+importing anything else (launch/convert.py does), or glibc keeps freed pieces and RSS grows.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+
+import jax
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+from etils import epath
+
+from research.hf import config_map, weights
+from research.hf import safetensors_io as st
+from research.model import transformer
+from research.model.config import ModelConfig
+from research.parallel import sharding
+
+PIECE_BYTES = 64 << 20   # Big tensors are read / written in row pieces of at most this size.
+CHUNK_BYTES = 64 << 20   # Upper bound on a zarr chunk of a block converted whole.
+_META_KEY = 'model_config'
+# Files a serving stack wants next to the weights; export copies them from the original folder.
+SIDE_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'tokenizer.model',
+              'generation_config.json', 'chat_template.jinja', 'vocab.json', 'merges.txt')
+
+
+def _np_dtype(name: str) -> np.dtype:
+  return np.dtype(ml_dtypes.bfloat16) if name == 'bfloat16' else np.dtype(name)
+
+
+@contextlib.contextmanager
+def _atomic_dir(dest: str, overwrite: bool, create: bool) -> Iterator[str]:
+  """Yields a temporary sibling path; renames it to dest only if the block completes."""
+  dest = os.path.abspath(dest)
+  if os.path.exists(dest) and not overwrite:
+    raise FileExistsError(f'{dest} already exists (pass overwrite=True / --overwrite to replace it)')
+  tmp = f'{dest}.partial-{uuid.uuid4().hex[:8]}'
+  if create:
+    os.makedirs(tmp)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if os.path.exists(dest):
+    shutil.rmtree(dest)
+  os.rename(tmp, dest)
+
+
+def _chunks(r: weights.Rule, leaf_shape: tuple[int, ...], itemsize: int, piece_bytes: int) -> list[int]:
+  """Zarr chunks aligned with the writes.
+
+  1 along the rule's index axes (layer, expert), a piece of rows along its piece axis; a block
+  converted whole is split along its first axis to at most CHUNK_BYTES.
+  """
+  lead = len(r.index)
+  chunk = [1] * lead + list(leaf_shape[lead:])
+  if r.piece_axis is not None:
+    chunk[lead + r.piece_axis] = r.piece_rows(itemsize, piece_bytes)
+  elif len(chunk) > lead:
+    row = int(np.prod(leaf_shape[lead + 1:], dtype=np.int64)) * itemsize
+    chunk[lead] = max(1, min(chunk[lead], CHUNK_BYTES // max(row, 1)))
+  return chunk
+
+
+def _nest(flat: dict[tuple[str, ...], object]) -> dict:
+  out = {}
+  for path, v in flat.items():
+    node = out
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = v
+  return out
+
+
+_FP8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+
+
+class _Source:
+  """Reads HF tensors for the rules: whole or rows of them; fp8 blocks come back dequantized."""
+
+  def __init__(self, folder: st.Folder, fp8_block: tuple[int, int] | None):
+    self.folder, self.fp8_block = folder, fp8_block
+
+  def read(self, name: str, start=None, stop=None) -> np.ndarray:
+    x = self.folder.read(name, start, stop)
+    if x.dtype in _FP8:
+      scale = name + '_scale_inv'
+      if self.fp8_block is None or scale not in self.folder.weight_map or x.ndim != 2:
+        raise ValueError(f'tensor {name!r} is fp8 but has no {scale!r} block scale (or is not 2-D)')
+      x = weights.dequantize_fp8(x, self.folder.read(scale), self.fp8_block)
+    return x
+
+
+def _check_folder(folder: st.Folder, rs: list[weights.Rule], cfg: ModelConfig, ignore_tensors):
+  shapes = {n: folder.shape(n) for n in folder.weight_map}
+  weights.check(rs, shapes, cfg, ignore_tensors)
+
+
+def _open_hf(hf_dir: str, ignore_fields: Iterable[str], ignore_tensors: Iterable[str]):
+  path = os.path.join(hf_dir, 'config.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found: not a Hugging Face checkpoint folder')
+  with open(path) as f:
+    hf = json.load(f)
+  cfg = config_map.from_hf(hf, ignore_fields)
+  folder = st.Folder(hf_dir)
+  ignore = list(ignore_tensors)
+  tied = bool(hf.get('tie_word_embeddings', False))
+  if tied:
+    ignore.append('lm_head.weight')  # transformers ties it to the embedding whatever the file holds.
+  rs = weights.rules(cfg, weights.detect_layout(folder.weight_map, cfg), tied_embeddings=tied)
+  _check_folder(folder, rs, cfg, ignore)
+  return cfg, folder, rs, _Source(folder, config_map.fp8_block_size(hf))
+
+
+def _pieces(src: _Source, r: weights.Rule, itemsize: int, piece_bytes: int):
+  """(HF rows or None for all, HF array) covering one tensor, in pieces along its piece axis."""
+  n = r.piece_rows(itemsize, piece_bytes)
+  if n >= r.hf_shape[0] or src.folder.shard_of(r.hf).dtype(r.hf) in _FP8:
+    yield None, src.read(r.hf)
+    return
+  for r0 in range(0, r.hf_shape[0], n):
+    rows = slice(r0, min(r0 + n, r.hf_shape[0]))
+    yield rows, src.read(r.hf, rows.start, rows.stop)
+
+
+def _piece_bytes(shard_bytes: int) -> int:
+  """Pieces of at most 1/8 of a shard keep conversion memory well under twice the largest shard."""
+  return max(1 << 16, min(PIECE_BYTES, shard_bytes // 8))
+
+
+def hf_to_orbax(hf_dir: str, ckpt_dir: str, *, ignore_fields: Iterable[str] = (),
+                ignore_tensors: Iterable[str] = (), overwrite: bool = False,
+                piece_bytes: int | None = None) -> ModelConfig:
+  """Converts a Hugging Face folder to an orbax params checkpoint; returns the model config.
+
+  Fails before writing anything on an unsupported config field or a missing / misshapen / unused
+  tensor, naming it.
+  """
+  cfg, folder, rs, src = _open_hf(hf_dir, ignore_fields, ignore_tensors)
+  dtype = _np_dtype(cfg.param_dtype)
+  piece_bytes = piece_bytes or _piece_bytes(max(folder.shard_sizes().values()))
+  leaves = weights.leaf_shapes(cfg)
+  first = {}
+  for r in rs:
+    first.setdefault(r.leaf, r)
+  by_name = weights.by_hf_name(rs)
+  with folder, _atomic_dir(ckpt_dir, overwrite, create=False) as tmp:
+    skeleton = _nest({k: np.zeros((1,), dtype) for k in leaves})
+    ocp.PyTreeCheckpointer(use_ocdbt=False).save(
+        tmp, args=ocp.args.PyTreeSave(skeleton),
+        custom_metadata={_META_KEY: dataclasses.asdict(cfg)})
+    # One data-copy thread: writes are issued one at a time anyway, and fewer threads hold fewer
+    # malloc arenas (research/hf/malloc.py).
+    context = ts.Context({'data_copy_concurrency': {'limit': 1}})
+    stores = {}
+    for leaf, shape in leaves.items():
+      stores[leaf] = ts.open(
+          {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': os.path.join(tmp, '.'.join(leaf))},
+           'metadata': {'compressor': {'id': 'zstd', 'level': 1},
+                        'chunks': _chunks(first[leaf], shape, dtype.itemsize, piece_bytes)}},
+          create=True, delete_existing=True, dtype=ts.dtype(dtype.name), shape=shape,
+          context=context).result()
+    written = dict.fromkeys(leaves, 0)
+    for shard in folder.shards:  # Shard by shard, each in file order.
+      for name in folder.reader(shard).keys():
+        if name not in by_name:
+          continue
+        for rows, x in _pieces(src, by_name[name][0], dtype.itemsize, piece_bytes):
+          for r in by_name[name]:
+            block = r.to_ours(x).astype(dtype, copy=False)
+            stores[r.leaf][r.piece_index(rows)].write(block).result()
+            written[r.leaf] += block.size
+          del x, block
+      folder.release(shard)
+    for leaf, shape in leaves.items():  # Every element of every leaf came from exactly one tensor.
+      assert written[leaf] == int(np.prod(shape)), (leaf, written[leaf], shape)
+  return cfg
+
+
+def read_model_config(ckpt_dir: str) -> ModelConfig:
+  """The ModelConfig stored in a checkpoint written by hf_to_orbax."""
+  meta = ocp.PyTreeCheckpointer().metadata(epath.Path(ckpt_dir)).custom_metadata or {}
+  if _META_KEY not in meta:
+    raise ValueError(f'{ckpt_dir}: no model config in the checkpoint metadata; pass cfg explicitly')
+  return ModelConfig(**meta[_META_KEY]).validate()
+
+
+def param_targets(cfg: ModelConfig, mesh=None, rules=sharding.RULES):
+  """Abstract params (shape, dtype and, given a mesh, the sharding training uses)."""
+  shapes = jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))
+  if mesh is None:
+    return shapes
+  shardings = sharding.tree_shardings(transformer.param_axes(cfg), shapes, mesh, rules)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def load_params(ckpt_dir: str, cfg: ModelConfig | None = None, mesh=None, rules=sharding.RULES):
+  """Restores params, sharded over `mesh` as training shards them; each host reads only its chunks.
+
+  Returns (params, cfg). Without a mesh the params land on the default device.
+  """
+  cfg = cfg or read_model_config(ckpt_dir)
+  target = param_targets(cfg, mesh, rules)
+  if mesh is None:
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=dev), target)
+  return ocp.StandardCheckpointer().restore(os.path.abspath(ckpt_dir), target), cfg
+
+
+def _open_leaves(ckpt_dir: str, leaves, subtree: tuple[str, ...]) -> dict:
+  """Read-only tensorstores of the leaves of any orbax PyTree checkpoint (OCDBT or not)."""
+  path = epath.Path(os.path.abspath(ckpt_dir))
+  ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(path)
+  context = ocp.type_handlers.get_ts_context(use_ocdbt=ocdbt, data_copy_concurrency_limit=1)
+  out = {}
+  for leaf in leaves:
+    info = ocp.type_handlers.ParamInfo(name='.'.join((*subtree, *leaf)), parent_dir=path,
+                                       is_ocdbt_checkpoint=ocdbt, ts_context=context)
+    spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=ocdbt)
+    try:
+      out[leaf] = ts.open(spec, read=True, context=context).result()
+    except ValueError as e:
+      raise ValueError(f'{ckpt_dir}: cannot open leaf {"/".join(leaf)} ({e})') from None
+    if tuple(out[leaf].shape) != leaves[leaf]:
+      raise ValueError(f'{ckpt_dir}: leaf {"/".join(leaf)} has shape {tuple(out[leaf].shape)}, '
+                       f'the config implies {leaves[leaf]}')
+  return out
+
+
+def orbax_to_hf(ckpt_dir: str, out_dir: str, *, cfg: ModelConfig | None = None,
+                expert_layout: str = weights.PER_EXPERT, dtype: str | None = None,
+                max_shard_bytes: int = 5 << 30, copy_from: str | None = None,
+                subtree: tuple[str, ...] = (), overwrite: bool = False,
+                piece_bytes: int | None = None) -> str:
+  """Writes a Hugging Face folder (config.json, safetensors shards + index) from a checkpoint.
+
+  expert_layout: 'per_expert' (what checkpoints on the Hub and serving stacks use) or 'fused'
+  (transformers 5's in-memory layout). subtree: path of the params inside the checkpoint (e.g.
+  ('params',) for a train state). copy_from: an HF folder whose tokenizer / generation files to copy.
+  """
+  cfg = cfg or read_model_config(ckpt_dir)
+  out_dtype = _np_dtype(dtype or cfg.param_dtype)
+  rs = weights.rules(cfg, expert_layout)
+  by_name = weights.by_hf_name(rs)
+  stores = _open_leaves(ckpt_dir, weights.leaf_shapes(cfg), tuple(subtree))
+  specs = [(n, r[0].hf_shape, out_dtype) for n, r in by_name.items()]
+  shards = st.plan_shards(specs, max_shard_bytes)
+  files = st.shard_names(len(shards))
+
+  piece_bytes = piece_bytes or _piece_bytes(max_shard_bytes)
+
+  def pieces(name):
+    group = sorted(by_name[name], key=lambda r: r.rows or (0, 0))  # gate rows before up rows.
+    n, total = group[0].piece_rows(out_dtype.itemsize, piece_bytes), group[0].hf_shape[0]
+    for rows in [None] if n >= total else [slice(r0, min(r0 + n, total)) for r0 in range(0, total, n)]:
+      parts = [r.to_hf(stores[r.leaf][r.piece_index(rows)].read().result()) for r in group]
+      yield parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
+
+  with _atomic_dir(out_dir, overwrite, create=True) as tmp:
+    weight_map, total = {}, 0
+    for fname, shard in zip(files, shards):
+      w = st.ShardWriter(os.path.join(tmp, fname), shard)
+      for name, _, _ in shard:
+        for x in pieces(name):
+          w.write(name, x.astype(out_dtype, copy=False))
+        weight_map[name] = fname
+      w.close()
+      total += w.nbytes
+    if len(files) > 1:
+      st.write_index(tmp, weight_map, total)
+    with open(os.path.join(tmp, 'config.json'), 'w') as f:
+      json.dump(config_map.to_hf(cfg, 'bfloat16' if out_dtype == np.dtype(ml_dtypes.bfloat16)
+                                 else out_dtype.name), f, indent=2)
+    for name in SIDE_FILES if copy_from else ():
+      if os.path.exists(os.path.join(copy_from, name)):
+        shutil.copy(os.path.join(copy_from, name), tmp)
+  return out_dir
+
+
+def hf_to_mesh(hf_dir: str, mesh, *, ignore_fields: Iterable[str] = (),
+               ignore_tensors: Iterable[str] = (), rules=sharding.RULES):
+  """Params straight from a Hugging Face folder onto a mesh, without an orbax checkpoint.
+
+  Each device's callback reads only the layers (and experts) its shard holds; within one layer's
+  matrix it reads the whole HF tensor and keeps its slice. Returns (params, cfg).
+  """
+  cfg, folder, rs, src = _open_hf(hf_dir, ignore_fields, ignore_tensors)
+  dtype = _np_dtype(cfg.param_dtype)
+  targets = param_targets(cfg, mesh, rules)
+  per_leaf: dict[tuple[str, ...], dict] = {}
+  for r in rs:
+    per_leaf.setdefault(r.leaf, {})[r.index] = r
+
+  def region(leaf, shape, idx):
+    idx = tuple(slice(*s.indices(n)) for s, n in zip(idx, shape))
+    leaf_rules = per_leaf[leaf]
+    if () in leaf_rules:
+      r = leaf_rules[()]
+      return r.to_ours(src.read(r.hf))[idx]
+    out = []
+    for l in range(idx[0].start, idx[0].stop):
+      if (l,) in leaf_rules:
+        r = leaf_rules[(l,)]
+        if r.stacked:  # Fused experts: read only this shard's experts.
+          x = r.to_ours(src.read(r.hf, idx[1].start, idx[1].stop))[(slice(None), *idx[2:])]
+        else:
+          x = r.to_ours(src.read(r.hf))[idx[1:]]
+      else:  # Per-expert tensors.
+        x = np.stack([leaf_rules[(l, e)].to_ours(src.read(leaf_rules[(l, e)].hf))[idx[2:]]
+                      for e in range(idx[1].start, idx[1].stop)])
+      out.append(x)
+    return np.stack(out)
+
+  flat = {}
+  with folder:
+    for leaf, shape in weights.leaf_shapes(cfg).items():
+      t = targets
+      for k in leaf:
+        t = t[k]
+      flat[leaf] = jax.make_array_from_callback(
+          shape, t.sharding, lambda idx, leaf=leaf, shape=shape: region(leaf, shape, idx).astype(dtype))
+  return _nest(flat), cfg
