@@ -3,9 +3,10 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+XM_STAMP := $(VENV)/.installed-xm
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: test demo install sysdeps clean
+.PHONY: test demo install sysdeps clean bazel-test
 
 # System packages some tests need (bubblewrap for the grading sandbox); installed through apt.
 sysdeps:
@@ -19,11 +20,21 @@ $(STAMP): requirements.lock pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP) sysdeps
+# The xm extra (xmanager, for launch/xm_launch.py): `make test` installs it, `make install` does not.
+$(XM_STAMP): $(STAMP) requirements-xm.lock
+	$(VPY) -m pip install -q -r requirements.lock -r requirements-xm.lock
+	touch $(XM_STAMP)
+
+test: $(STAMP) $(XM_STAMP) sysdeps
 	$(VPY) -m pytest -n 2 --dist loadfile tests
 
 demo: $(STAMP)
-	$(VPY) -m launch.train --config=experiments/tiny_moe.py --workdir=$${WORKDIR:-/tmp/demo_tiny_moe}
+	$(VPY) -m launch.rl --config=experiments/toolcalc_rl.py --workdir=$${WORKDIR:-/tmp/demo_toolcalc_rl}
+
+# `bazel test //tests/...` offline with Debian's Bazel 4 on the project's .venv (docs/bazel.md).
+bazel-test: $(STAMP) $(XM_STAMP) sysdeps
+	@command -v bazel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap bazel-platforms bazel-rules-java >/dev/null; }
+	bazel test --test_env=RESEARCH_VENV=$(CURDIR)/$(VENV) //tests/...
 
 clean:
 	rm -rf $(VENV)

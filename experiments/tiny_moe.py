@@ -36,10 +36,20 @@ def get_config() -> ml_collections.ConfigDict:
   c.data = d = ml_collections.ConfigDict()
   d.batch_size = 16                 # Global rows per step; divisible by data * fsdp * expert.
   d.seq_len = 128
+  d.source = 'synthetic'            # 'synthetic', 'jsonl' or 'array_record' (research/data/pipeline.py).
+  d.train_files = ''                # Comma-separated globs of JSONL / ArrayRecord files.
+  d.eval_files = ''
+  d.text_field = 'text'             # JSON key of a document's text in a line / record.
+  d.shards = 8                      # Virtual data shards: divides batch_size, a multiple of the hosts.
 
   c.optimizer = o = ml_collections.ConfigDict()
-  o.name = 'adamw'
-  o.learning_rate = 3e-3
+  o.name = 'muon'                   # 'muon' (matrices; AdamW for the rest) or 'adamw'.
+  o.learning_rate = 0.06            # Muon's (or AdamW's) peak learning rate.
+  o.adam_learning_rate = 0.01       # With muon: AdamW's rate for embeddings, head, norms; 0 = same.
+  o.consistent_rms = 0.2            # Muon update scale 0.2*sqrt(max(fan_in, fan_out)) (Moonlight).
+  o.ns_coeffs = 'standard'          # Newton-Schulz: 'standard' quintic or 'polar_express'.
+  o.muon_per_head = False           # Orthogonalize each attention head's matrix on its own.
+  o.qk_clip_tau = 0.0               # MuonClip: rescale q/k of heads whose max logit > tau; 0 = off.
   o.warmup_steps = 20
   o.final_lr_fraction = 0.1
   o.b1 = 0.9
@@ -49,5 +59,14 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.train = t = ml_collections.ConfigDict()
   t.steps = 300
-  t.log_every = 10                  # Host syncs happen only here.
+  t.log_every = 10                  # Host syncs happen only here (and at eval / checkpoint steps).
+  t.eval_every = 50                 # Steps between evals on the held-out split; 0 disables.
+  t.eval_steps = 4                  # Batches per eval.
+  t.peak_tflops = 0.0               # Per-device peak for MFU; 0 looks it up (unknown on CPU: no MFU).
+
+  c.checkpoint = k = ml_collections.ConfigDict()
+  k.every = 100                     # Steps between (asynchronous) saves; the last step always saves.
+  k.keep = 3                        # Most recent checkpoints kept ...
+  k.best_metric = 'eval_loss'       # ... plus the best by this eval metric ('' for none).
+  k.best_mode = 'min'               # 'min' or 'max'.
   return c

@@ -1,1 +1,1 @@
-"""Data: the synthetic corpus and packed batches."""
+"""Data: grain pipelines (packing, per-host shards, checkpointable state), file readers, the synthetic corpus."""

@@ -32,6 +32,12 @@ def documents(seed: int):
     yield np.frombuffer(_doc(rng).encode(), np.uint8).astype(np.int32).tolist() + [EOS]
 
 
+def document(seed: int, index: int) -> np.ndarray:
+  """Document `index` of corpus `seed`, int32 and EOS-terminated: random access for grain."""
+  text = _doc(np.random.default_rng((seed, index)))
+  return np.append(np.frombuffer(text.encode(), np.uint8).astype(np.int32), EOS)
+
+
 def packed_batches(seed: int, batch_size: int, seq_len: int):
   """Yields {'tokens', 'targets', 'segment_ids', 'loss_mask'} int32 arrays of shape B x T.
 

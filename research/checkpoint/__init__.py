@@ -1,0 +1,1 @@
+"""Checkpointing: orbax CheckpointManager with data-iterator state and compatibility checks."""

@@ -1,0 +1,1 @@
+"""Metrics: metrics.jsonl, TensorBoard event files, console progress, FLOPs per token and MFU."""
