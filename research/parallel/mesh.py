@@ -46,7 +46,8 @@ def make_mesh(spec: str | Mapping[str, int],
   devices = list(jax.devices() if devices is None else devices)
   need = int(np.prod(list(shape.values())))
   if need > len(devices):
-    raise ValueError(f'mesh {shape} needs {need} devices but only {len(devices)} are available')
+    raise ValueError(f'mesh {shape} needs {need} devices but only {len(devices)} are available '
+                     '(on a CPU, simulate more with XLA_FLAGS=--xla_force_host_platform_device_count=8)')
   return jax.make_mesh(tuple(shape.values()), AXES, axis_types=(AxisType.Auto,) * len(AXES),
                        devices=devices[:need])
 

@@ -1,0 +1,1 @@
+"""Reinforcement learning with targeted feedback: rollouts, environments, critics, teacher, losses."""

@@ -1,0 +1,180 @@
+"""Critics: find the wrong step of a finished trajectory and write the hint for it.
+
+A rule maps a trajectory to zero or more `Feedback(message, hint, rule)`: the index of the target
+model message and the text to insert before it. Rules are registered, named objects; a config lists
+the names to use. A message gets at most one hint (the first rule in the list that claims it), so
+per-rule statistics attribute each distillation target to one rule.
+Rules read what the environment made of each message (`Message.info`), never re-parse the tokens.
+`JudgeCritic` is the interface for a model-based critic: any callable from a prompt to a reply.
+"""
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+
+from research.rl.trajectory import Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+  message: int                      # Index into trajectory.messages.
+  hint: str
+  rule: str
+
+
+class Rule:
+  name: str = ''
+
+  def __call__(self, traj: Trajectory) -> list[Feedback]:
+    return [Feedback(i, h, self.name) for i, m in enumerate(traj.messages)
+            if (h := self.hint(m.info, traj, i)) is not None]
+
+  def hint(self, info: dict, traj: Trajectory, i: int) -> str | None:
+    raise NotImplementedError
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def register(cls):
+  if not cls.name or cls.name in REGISTRY:
+    raise ValueError(f'rule {cls.__name__}: needs a unique name, got {cls.name!r}')
+  REGISTRY[cls.name] = cls()
+  return cls
+
+
+@register
+class UnknownTool(Rule):
+  """A call to a tool that does not exist (renamed since the warm start, or invented)."""
+  name = 'unknown_tool'
+
+  def hint(self, info, traj, i):
+    if info.get('error') == 'unknown_tool':
+      return f'Reminder: available tools are {info["tools"]}'
+
+
+@register
+class WrongTool(Rule):
+  """A real tool, but not the operation this step of the problem needs (the critic knows the task)."""
+  name = 'wrong_tool'
+
+  def hint(self, info, traj, i):
+    if info.get('wrong_op'):
+      return f'Reminder: available tools are {info["tools"]}'
+
+
+@register
+class MalformedCall(Rule):
+  name = 'malformed_call'
+
+  def hint(self, info, traj, i):
+    if info.get('error') == 'malformed':
+      return 'Write name(a,b) or ans(x).'
+
+
+@register
+class RepeatedCall(Rule):
+  """The same call again: no new information, a stall."""
+  name = 'repeated_call'
+
+  def hint(self, info, traj, i):
+    if info.get('repeat'):
+      return f'{info["message"]} was already called; use its result.'
+
+
+@register
+class ImportFailure(Rule):
+  name = 'import_error'
+
+  def hint(self, info, traj, i):
+    if info.get('error_type') in ('ImportError', 'ModuleNotFoundError'):
+      return 'Check the import statement here.'
+
+
+@register
+class UndefinedName(Rule):
+  name = 'name_error'
+
+  def hint(self, info, traj, i):
+    if info.get('error_type') == 'NameError':
+      m = re.search(r"name '(\w+)' is not defined", info.get('error', ''))
+      return f'Check the names used here: {m.group(1)!r} is not defined.' if m else 'Check the names used here.'
+
+
+@register
+class FailedAssertion(Rule):
+  """A test assertion failed: state the expected value (the critic's privileged information)."""
+  name = 'failed_assertion'
+
+  def hint(self, info, traj, i):
+    f = info.get('failed')
+    if info.get('error_type') == 'AssertionError' and f:
+      return f'The test expects {f["call"]} == {f["expected"]}, this code gives {f["got"]}.'
+
+
+class Critic:
+  """The rules of a config, applied in order; one hint per message."""
+
+  def __init__(self, rules: Sequence[Rule | str]):
+    unknown = [r for r in rules if isinstance(r, str) and r not in REGISTRY]
+    if unknown:
+      raise ValueError(f'critic rules {unknown} are not registered; known: {sorted(REGISTRY)}')
+    self.rules = [REGISTRY[r] if isinstance(r, str) else r for r in rules]
+
+  @property
+  def names(self) -> list[str]:
+    return [r.name for r in self.rules]
+
+  def __call__(self, traj: Trajectory) -> list[Feedback]:
+    if traj.fault is not None:
+      return []
+    out, taken = [], set()
+    for rule in self.rules:
+      for fb in rule(traj):
+        if fb.message not in taken and 0 <= fb.message < len(traj.messages):
+          taken.add(fb.message)
+          out.append(fb)
+    return sorted(out, key=lambda f: f.message)
+
+
+class JudgeCritic(Rule):
+  """A model-based critic: renders the transcript, asks `judge` (prompt -> reply), parses the hints.
+
+  The reply has one line `message N: hint` per target (N counts model messages from 0) or `none`.
+  Unparseable lines, out-of-range indices and a judge that raises yield no feedback and are counted
+  in `self.errors`.
+  """
+  name = 'judge'
+  _LINE = re.compile(r'^\s*message\s+(\d+)\s*:\s*(.+?)\s*$', re.I)
+
+  def __init__(self, judge: Callable[[str], str], max_hint_chars: int = 160):
+    self.judge, self.max_hint_chars, self.errors = judge, max_hint_chars, 0
+
+  def prompt(self, traj: Trajectory) -> str:
+    lines = [f'[{m["role"]}] {m["content"]}' for m in traj.prompt]
+    k = 0
+    for role, text in traj.transcript:
+      if role == 'assistant':
+        lines.append(f'[model message {k}] {text}')
+        k += 1
+      else:
+        lines.append(f'[{role}] {text}')
+    return ('Find the model messages that went wrong and write a short hint for each.\n'
+            + '\n'.join(lines) + '\nReply with lines "message N: hint", or "none".')
+
+  def __call__(self, traj: Trajectory) -> list[Feedback]:
+    try:
+      reply = self.judge(self.prompt(traj))
+    except Exception:  # noqa: BLE001 - a failing judge gives no feedback, never a crash.
+      self.errors += 1
+      return []
+    out = []
+    for line in str(reply).splitlines():
+      if not line.strip() or line.strip().lower() == 'none':
+        continue
+      m = self._LINE.match(line)
+      if m is None or int(m.group(1)) >= len(traj.messages):
+        self.errors += 1
+        continue
+      out.append(Feedback(int(m.group(1)), m.group(2)[:self.max_hint_chars], self.name))
+    return out

@@ -1,0 +1,214 @@
+"""toolcalc: arithmetic problems solved by calling tools, with drift between warm start and RL.
+
+A task is a left-to-right chain such as `3+4*2` (= (3+4)*2). The prompt lists the tools as
+`op:name`; the model calls one tool per message (`add(3,4)`), the environment answers with the
+result (`7`), and the model ends with `ans(14)`. Warm-start data uses WARM_TOOLS; the RL default
+renames `add` to `plus` (listed in the prompt), so a warm-started model's trajectories are right
+except for one step: the call to a tool that no longer exists.
+
+Reward (verifiable; each rule closes a known hack):
+  +1 for the right answer,
+  -1 once if any call was invalid (unknown tool, malformed message): an invalid call never scores
+     better than a clean wrong answer, even when the answer is right,
+  -0.5 if the episode ends without an answer (stalling, turn or context limit, empty message),
+  -0.25 per repeated identical call.
+`success` is a right answer with no invalid call.
+"""
+
+import dataclasses
+import re
+
+import numpy as np
+
+from research.rl.env import Step
+
+WARM_TOOLS = {'+': 'add', '-': 'sub', '*': 'mul'}
+RL_TOOLS = {'+': 'plus', '-': 'sub', '*': 'mul'}
+_OPS = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b}
+_CALL = re.compile(r'([a-z]+)\((-?\d+),(-?\d+)\)')
+_ANS = re.compile(r'ans\((-?\d+)\)')
+
+SOLVED, INVALID, NO_ANSWER, REPEAT = 1.0, -1.0, -0.5, -0.25
+
+
+def listing(tools: dict) -> str:
+  return ' '.join(f'{op}:{name}' for op, name in tools.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  numbers: tuple[int, ...]
+  ops: tuple[str, ...]
+
+  @property
+  def question(self) -> str:
+    return str(self.numbers[0]) + ''.join(f'{o}{n}' for o, n in zip(self.ops, self.numbers[1:]))
+
+  @property
+  def results(self) -> list[int]:
+    out, x = [], self.numbers[0]
+    for o, n in zip(self.ops, self.numbers[1:]):
+      x = _OPS[o](x, n)
+      out.append(x)
+    return out
+
+  @property
+  def answer(self) -> int:
+    return self.results[-1]
+
+
+def solution(task: Task, tools: dict) -> list[tuple[str, str]]:
+  """The ideal transcript: (model message, observation or None) per turn."""
+  out, x = [], task.numbers[0]
+  for o, n, y in zip(task.ops, task.numbers[1:], task.results):
+    out.append((f'{tools[o]}({x},{n})', str(y)))
+    x = y
+  out.append((f'ans({x})', None))
+  return out
+
+
+def prompt(task: Task, tools: dict) -> list[dict]:
+  return [{'role': 'user', 'content': f'tools {listing(tools)}\n{task.question}'}]
+
+
+class Episode:
+  def __init__(self, task: Task, tools: dict, max_messages: int):
+    self.task, self.tools, self.max_messages = task, tools, max_messages
+    self.by_name = {name: op for op, name in tools.items()}
+    self.prompt = prompt(task, tools)
+    self.calls: list[str] = []
+    self.invalid = self.invalid_calls = self.repeats = self.messages = 0
+
+  def _score(self, answer: int | None, **info) -> Step:
+    right = answer is not None and answer == self.task.answer
+    reward = (SOLVED * right + INVALID * (self.invalid > 0) + NO_ANSWER * (answer is None)
+              + REPEAT * self.repeats)
+    return Step(None, True, reward, right and not self.invalid, info)
+
+  def step(self, message: str) -> Step:
+    text = message.strip()
+    self.messages += 1
+    info = {'tools': listing(self.tools), 'message': text}
+    if m := _ANS.fullmatch(text):
+      return self._score(int(m.group(1)), kind='answer', **info)
+    m = _CALL.fullmatch(text)
+    if m is None:
+      self.invalid += 1
+      info.update(kind='malformed', error='malformed')
+      obs = 'error: malformed'
+    else:
+      name, a, b = m.group(1), int(m.group(2)), int(m.group(3))
+      info.update(kind='call', name=name, args=(a, b), repeat=text in self.calls)
+      self.repeats += text in self.calls
+      self.calls.append(text)
+      if name not in self.by_name:
+        self.invalid += 1
+        self.invalid_calls += 1
+        info['error'] = 'unknown_tool'
+        obs = f'error: unknown tool {name}'
+      else:
+        k = len(self.calls) - 1 - self.invalid_calls
+        info['wrong_op'] = k >= len(self.task.ops) or self.by_name[name] != self.task.ops[k]
+        obs = str(_OPS[self.by_name[name]](a, b))
+    if self.messages >= self.max_messages:
+      return self._score(None, **info)
+    return Step(obs, False, 0.0, False, info)
+
+  def close(self, reason: str) -> Step:
+    return self._score(None, kind='closed', reason=reason)
+
+
+class ToolCalc:
+  """Tasks with 1..max_ops operations on operands 1..max_operand; `tools` maps op -> tool name."""
+  name = 'toolcalc'
+
+  def __init__(self, tools: dict | None = None, max_ops: int = 3, max_operand: int = 9,
+               extra_messages: int = 2):
+    self.tools = dict(RL_TOOLS if tools is None else tools)
+    unknown = sorted(set(self.tools) - set(_OPS))
+    if unknown:
+      raise ValueError(f'toolcalc tools: unknown operation(s) {unknown}; known: {sorted(_OPS)}')
+    self.max_ops, self.max_operand, self.extra = max_ops, max_operand, extra_messages
+
+  def sample_task(self, rng: np.random.Generator) -> Task:
+    k = int(rng.integers(1, self.max_ops + 1))
+    ops = tuple(str(o) for o in rng.choice(list(self.tools), size=k))
+    return Task(tuple(int(x) for x in rng.integers(1, self.max_operand + 1, size=k + 1)), ops)
+
+  def reset(self, task: Task) -> Episode:
+    return Episode(task, self.tools, len(task.ops) + 1 + self.extra)
+
+
+# Other names each operation may carry in warm-start data (the RL names among them). A reminder may
+# rename an operation to one of them, and plain demonstrations list them for operations the problem
+# does not use (a noisy tool list), so the policy learns to follow a reminder and to solve problems
+# whatever the list says, but without a reminder it has only ever called WARM_TOOLS.
+NAME_POOL = {'+': ('plus', 'sum'), '-': ('minus', 'diff'), '*': ('times', 'prod')}
+
+
+def _turns(conv, turns, upto, loss):
+  for msg, obs in turns[:upto]:
+    conv.append({'role': 'assistant', 'content': msg, 'loss': loss})
+    if obs is not None:
+      conv.append({'role': 'tool', 'content': obs})
+
+
+def demonstrations(rng: np.random.Generator, n: int, *, tools: dict = WARM_TOOLS,
+                   hint_fraction: float = 0.3, max_ops: int = 3, max_operand: int = 9) -> list[list[dict]]:
+  """Warm-start conversations: ideal solutions with `tools`, and hint-conditioned examples.
+
+  A hinted example ends with a hint (the exact text the critic rule writes) and the message the hint
+  asks for, the only trained message: `rename` (the reminder lists tools renamed from NAME_POOL; the
+  prompt lists either the old or the new names), `malformed`, and `repeat` (after a stall). Half of
+  them show the failed attempt and the environment's error before the hint. Half of the plain
+  demonstrations list NAME_POOL names for the operations their problem does not use.
+  """
+  from research.rl import critics  # The hint texts the rules write, so demonstrations match them.
+  rules = critics.REGISTRY
+  env = ToolCalc(tools, max_ops, max_operand)
+  out = []
+  for _ in range(n):
+    task = env.sample_task(rng)
+    turns = solution(task, tools)
+    conv = prompt(task, tools)
+    if rng.random() >= hint_fraction:
+      if rng.random() < 0.5:
+        conv = prompt(task, {o: nm if o in task.ops else str(rng.choice(NAME_POOL[o])) for o, nm in tools.items()})
+      _turns(conv, turns, len(turns), True)
+      out.append(conv)
+      continue
+    kind = rng.choice(['rename', 'malformed', 'repeat'], p=[0.6, 0.2, 0.2])
+    show_failure = rng.random() < 0.5
+    if kind == 'rename':
+      renamed = {o for o in set(task.ops) if rng.random() < 0.5} or {task.ops[int(rng.integers(len(task.ops)))]}
+      new = {o: str(rng.choice(NAME_POOL[o])) if o in renamed else nm for o, nm in tools.items()}
+      if rng.random() < 0.5:
+        conv = prompt(task, new)
+      k = min(i for i, o in enumerate(task.ops) if o in renamed)
+      _turns(conv, turns, k, False)
+      if show_failure:
+        old = turns[k][0]
+        conv += [{'role': 'assistant', 'content': old},
+                 {'role': 'tool', 'content': f'error: unknown tool {tools[task.ops[k]]}'}]
+      hint = rules['unknown_tool'].hint({'error': 'unknown_tool', 'tools': listing(new)}, None, k)
+      target = solution(task, new)[k][0]
+    elif kind == 'malformed':
+      k = int(rng.integers(len(turns)))
+      _turns(conv, turns, k, False)
+      if show_failure:
+        good = turns[k][0]
+        bad = rng.choice([good.replace(',', ' '), good.replace('(', ' '), good[:-1], ''])
+        conv += [{'role': 'assistant', 'content': str(bad)},
+                 {'role': 'tool', 'content': 'error: malformed'}]
+      hint = rules['malformed_call'].hint({'error': 'malformed'}, None, k)
+      target = turns[k][0]
+    else:
+      k = int(rng.integers(1, len(turns)))
+      _turns(conv, turns, k, False)
+      prev, obs = turns[k - 1]
+      conv += [{'role': 'assistant', 'content': prev}, {'role': 'tool', 'content': obs}]
+      hint = rules['repeated_call'].hint({'repeat': True, 'message': prev}, None, k)
+      target = turns[k][0]
+    conv += [{'role': 'system', 'content': hint}, {'role': 'assistant', 'content': target, 'loss': True}]
+    out.append(conv)
+  return out

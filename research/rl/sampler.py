@@ -1,0 +1,273 @@
+"""Batched multi-turn sampling on the KV cache (research/model/decode.py).
+
+One jitted `generate` call samples a model message for every live row: temperature / top-k / top-p,
+stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token
+budget, and exits as soon as every row has stopped. Between turns the host hands each message to its
+environment episode, renders the observation to ids once, and prefills it into the same cache
+(`extend`), so no earlier token is ever recomputed or re-tokenized.
+
+Rows share the cache's write index (research/model/decode.py): a row that has stopped writes invalid
+slots, which attention ignores and which do not advance its positions, so each row sees exactly the
+contiguous sequence a full forward over its trajectory sees.
+"""
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from research.model import decode
+from research.model.config import ModelConfig
+from research.model.transformer import forward
+from research.rl.trajectory import Trajectory
+from research.tokenizer import chat
+from research.tokenizer.base import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  temperature: float = 1.0          # 0 = greedy.
+  top_k: int = 0                    # 0 = off.
+  top_p: float = 1.0                # 1 = off.
+  max_turn_tokens: int = 24         # Tokens per model message (a row's budget within a turn).
+  max_turns: int = 5                # Model messages per episode.
+  max_len: int = 160                # Trajectory length limit (the training sequence length).
+  max_obs_tokens: int = 48          # Longer observations keep their tail (tracebacks end there).
+  bucket: int = 16                  # Prefill chunks are padded to a multiple (bounds recompiles).
+  stop_seqs: tuple = ()             # Extra stop sequences (tuples of ids); <eom> always stops.
+  record_routes: bool = False       # Keep the MoE routes of every token (router replay).
+
+  @property
+  def cache_len(self) -> int:
+    return _round_up(self.max_len, self.bucket) + self.max_turns * (
+        self.max_turn_tokens + _round_up(self.max_obs_tokens + 3, self.bucket))
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def sample_logits(key, logits_BxV, temperature: float, top_k: int = 0, top_p: float = 1.0):
+  """Samples one token per row. Returns (tokens B, log-prob B under softmax(logits / temperature)).
+
+  The log-prob is of the tempered distribution before top-k/top-p truncation (what the trainer
+  recomputes from logits / temperature).
+  """
+  logits = logits_BxV.astype(jnp.float32)
+  if temperature == 0:
+    tok = jnp.argmax(logits, axis=-1)
+    return tok, jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], -1)[:, 0]
+  logits = logits / temperature
+  logp = jax.nn.log_softmax(logits)
+  masked = logits
+  if top_k:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    masked = jnp.where(logits < kth, -jnp.inf, masked)
+  if top_p < 1.0:
+    srt = jnp.sort(masked, axis=-1)[:, ::-1]
+    cum = jnp.cumsum(jax.nn.softmax(srt), axis=-1)
+    # The smallest prefix whose mass reaches top_p: keep a token if the mass before it is < top_p.
+    cutoff_idx = jnp.sum(cum - jax.nn.softmax(srt) < top_p, axis=-1, keepdims=True) - 1
+    cutoff = jnp.take_along_axis(srt, cutoff_idx, axis=-1)
+    masked = jnp.where(masked < cutoff, -jnp.inf, masked)
+  tok = jax.random.categorical(key, masked)
+  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
+
+
+def _routes(aux, cfg: ModelConfig, b: int, t: int):
+  """The forward's routes (L_moe x B*T x k) as L x B x T x k; zeros when there are no MoE layers."""
+  if 'routes' not in aux:
+    return jnp.zeros((0, b, t, cfg.num_experts_per_tok), jnp.int32)
+  return aux['routes'].reshape(-1, b, t, cfg.num_experts_per_tok)
+
+
+def extend(params, tokens_BxT, mask_BxT, cache, *, cfg: ModelConfig):
+  """Prefills a right-padded chunk. Returns (logits at each row's last real token, cache, routes)."""
+  logits, aux, cache = forward(params, tokens_BxT, cfg, segment_ids_BxT=mask_BxT.astype(jnp.int32),
+                               cache=cache)
+  b, t = tokens_BxT.shape
+  last = t - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=1)
+  return logits[jnp.arange(b), last], cache, _routes(aux, cfg, b, t)
+
+
+def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
+             s: SamplerConfig, pad_id: int):
+  """Samples one message per live row (done_B False) on the cache.
+
+  stops_NxS: stop sequences right-aligned, -1 = any token (left padding), -2 = never matches.
+  Returns dict: tokens B x max_turn_tokens, logp, n (tokens sampled per row), stopped (ended on a
+  stop sequence), routes (L x B x max_turn_tokens x k), cache.
+  """
+  b, m, w = logits_BxV.shape[0], s.max_turn_tokens, stops_NxS.shape[1]
+  n_moe = cfg.num_moe_layers if s.record_routes else 0
+
+  def body(c):
+    key, sub = jax.random.split(c['key'])
+    tok, lp = sample_logits(sub, c['logits'], s.temperature, s.top_k, s.top_p)
+    live = ~c['done']
+    tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
+    logits, aux, cache = forward(params, tok[:, None], cfg, segment_ids_BxT=live[:, None].astype(jnp.int32),
+                                 cache=c['cache'])
+    i = c['i']
+    window = jnp.where(live[:, None], jnp.concatenate([c['window'][:, 1:], tok[:, None]], 1), c['window'])
+    hit = jnp.any(jnp.all((stops_NxS[None] == -1) | (stops_NxS[None] == window[:, None]), -1), -1)
+    n = c['n'] + live
+    out = dict(
+        i=i + 1, key=key, logits=logits[:, 0], cache=cache, n=n, window=window,
+        tokens=c['tokens'].at[:, i].set(tok), logp=c['logp'].at[:, i].set(jnp.where(live, lp, 0.0)),
+        stopped=c['stopped'] | (live & hit), done=c['done'] | (live & (hit | (n >= budget_B))))
+    if n_moe:
+      out['routes'] = c['routes'].at[:, :, i].set(_routes(aux, cfg, b, 1)[:, :, 0])
+    else:
+      out['routes'] = c['routes']
+    return out
+
+  init = dict(i=jnp.zeros((), jnp.int32), key=key, logits=logits_BxV, cache=cache,
+              n=jnp.zeros((b,), jnp.int32), window=jnp.full((b, w), -1, jnp.int32),
+              tokens=jnp.full((b, m), pad_id, jnp.int32), logp=jnp.zeros((b, m), jnp.float32),
+              stopped=jnp.zeros((b,), bool), done=done_B | (budget_B <= 0),
+              routes=jnp.zeros((n_moe, b, m, cfg.num_experts_per_tok), jnp.int32))
+  out = jax.lax.while_loop(lambda c: (c['i'] < m) & ~jnp.all(c['done']), body, init)
+  return {k: out[k] for k in ('tokens', 'logp', 'n', 'stopped', 'routes', 'cache')}
+
+
+# Module-level, so every Sampler with the same configs shares the compiled programs.
+_extend_jit = jax.jit(extend, static_argnames=('cfg',), donate_argnums=3)
+_generate_jit = jax.jit(generate, static_argnames=('cfg', 's', 'pad_id'), donate_argnums=1)
+
+
+@dataclasses.dataclass
+class RolloutStats:
+  sample_s: float = 0.0
+  env_s: float = 0.0
+  new_tokens: int = 0
+  faults: int = 0
+  truncated: int = 0
+  obs_truncated: int = 0
+  malformed_tokens: int = 0         # Messages carrying special tokens inside their content.
+
+
+class Sampler:
+  """Jitted generation for one model config, tokenizer and sampler config."""
+
+  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig):
+    self.cfg, self.tok, self.s = cfg, tok, s
+    self._extend = functools.partial(_extend_jit, cfg=cfg)
+    self._generate = functools.partial(_generate_jit, cfg=cfg, s=s, pad_id=tok.pad_id)
+    seqs = [(tok.end_of_message_id,), *s.stop_seqs]
+    width = max(len(q) for q in seqs)
+    self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
+
+  def _pad(self, rows: list[list[int] | None]):
+    t = _round_up(max([len(r) for r in rows if r] + [1]), self.s.bucket)
+    ids = np.full((len(rows), t), self.tok.pad_id, np.int32)
+    mask = np.zeros((len(rows), t), bool)
+    for i, r in enumerate(rows):
+      if r:
+        ids[i, :len(r)], mask[i, :len(r)] = r, True
+    return ids, mask
+
+  def _text(self, ids) -> tuple[str, bool]:
+    """The message text; a special token inside the content makes it unparseable on purpose."""
+    body = list(ids[:-1]) if len(ids) and ids[-1] == self.tok.end_of_message_id else list(ids)
+    bad = any(i >= 256 or i < 0 for i in body) if hasattr(self.tok, 'special_ids') else False
+    return self.tok.decode(body) + ('\x00<special>' if bad else ''), bad
+
+  def rollout(self, params, episodes, key, *, tasks=None, groups=None):
+    """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
+    s, tok, b = self.s, self.tok, len(episodes)
+    st, t0 = RolloutStats(), time.perf_counter()
+    prompts = [chat.render(tok, ep.prompt, add_generation_prompt=True)[0] for ep in episodes]
+    long = [len(p) for p in prompts if len(p) >= s.max_len]
+    if long:
+      raise ValueError(f'prompt of {long[0]} tokens does not fit sampler.max_len={s.max_len}')
+    trajs = [Trajectory.from_prompt(p, task=None if tasks is None else tasks[i], prompt=episodes[i].prompt,
+                                    group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
+    cache = decode.init_cache(self.cfg, b, s.cache_len)
+    ids, mask = self._pad(prompts)
+    logits, cache, routes = self._extend(params, ids, mask, cache)
+    if s.record_routes:
+      routes = np.asarray(routes)
+      for r, t in enumerate(trajs):
+        t.routes = list(routes[:, r, :len(prompts[r])].transpose(1, 0, 2))
+    live = np.ones(b, bool)
+    used = ids.shape[1]
+
+    def finish(r, step):
+      trajs[r].reward, trajs[r].success, trajs[r].done = float(step.reward), bool(step.success), True
+      live[r] = False
+
+    def close(r, reason):
+      te = time.perf_counter()
+      try:
+        finish(r, episodes[r].close(reason))
+      except Exception as e:  # noqa: BLE001 - an environment fault is masked, never a crash.
+        trajs[r].fault, live[r] = f'{type(e).__name__}: {e}', False
+      st.env_s += time.perf_counter() - te
+
+    for turn in range(s.max_turns):
+      budget = np.array([min(s.max_turn_tokens, s.max_len - len(t.tokens)) if live[r] else 0
+                         for r, t in enumerate(trajs)], np.int32)
+      for r in np.flatnonzero(live & (budget <= 0)):
+        trajs[r].truncated = True
+        close(r, 'context')
+      if not live.any():
+        break
+      key, sub = jax.random.split(key)
+      out = self._generate(params, cache, logits, ~live, budget, sub, self.stops)
+      cache = out.pop('cache')
+      out = jax.device_get(out)
+      used += int(out['n'].max())
+      obs = [None] * b
+      for r in np.flatnonzero(live):
+        n = int(out['n'][r])
+        msg_ids = out['tokens'][r, :n]
+        text, bad = self._text(msg_ids)
+        st.malformed_tokens += bad
+        st.new_tokens += n
+        rts = out['routes'][:, r, :n].transpose(1, 0, 2) if s.record_routes else None
+        msg = trajs[r].add_model(msg_ids, out['logp'][r, :n], text, rts)
+        te = time.perf_counter()
+        try:
+          step = episodes[r].step(text)
+        except Exception as e:  # noqa: BLE001 - an environment fault is masked, never a crash.
+          trajs[r].fault, live[r] = f'{type(e).__name__}: {e}', False
+          st.env_s += time.perf_counter() - te
+          continue
+        st.env_s += time.perf_counter() - te
+        msg.info = dict(step.info)
+        if step.done:
+          finish(r, step)
+          continue
+        o_ids = chat.render_message(tok, 'tool', step.observation)
+        if len(o_ids) > s.max_obs_tokens + 2:
+          st.obs_truncated += 1
+          o_ids = [o_ids[0], *tok.encode('...'), *o_ids[-(s.max_obs_tokens - 1):]]
+        o_ids.append(tok.role_ids['assistant'])
+        if turn == s.max_turns - 1:
+          close(r, 'turns')
+        elif len(trajs[r].tokens) + len(o_ids) >= s.max_len or (
+            used + _round_up(len(o_ids), s.bucket) + s.max_turn_tokens > s.cache_len):
+          trajs[r].truncated = True
+          close(r, 'context')
+        else:
+          obs[r] = o_ids
+          trajs[r].add_observation(o_ids, step.observation)
+      if not any(o is not None for o in obs):
+        break
+      ids, mask = self._pad(obs)
+      used += ids.shape[1]
+      logits, cache, routes = self._extend(params, ids, mask, cache)
+      if s.record_routes:
+        routes = np.asarray(routes)
+        for r in np.flatnonzero(mask.any(1)):
+          trajs[r].routes += list(routes[:, r, :len(obs[r])].transpose(1, 0, 2))
+    for r in np.flatnonzero(live):
+      close(r, 'turns')
+    st.faults = sum(t.fault is not None for t in trajs)
+    st.truncated = sum(t.truncated for t in trajs)
+    st.sample_s = time.perf_counter() - t0 - st.env_s
+    return trajs, st

@@ -1,0 +1,128 @@
+"""The sampler: cache equals recompute, sampling filters, stops, multi-turn, faults and limits."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.model import transformer
+from research.model.config import ModelConfig
+from research.rl.env import Step
+from research.rl.sampler import Sampler, SamplerConfig, sample_logits
+from research.rl.trajectory import to_batch
+from research.tokenizer.base import ByteTokenizer
+
+TOK = ByteTokenizer()
+CFG = ModelConfig(vocab_size=TOK.vocab_size, d_model=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                  head_dim=16, d_ff=64, num_experts=4, num_experts_per_tok=2, d_expert=32, moe_impl='dense')
+
+
+@pytest.fixture(scope='module')
+def params():
+  return transformer.init(CFG, jax.random.key(0))
+
+
+class Echo:
+  """Answers `turns` messages with an observation of the given length, then ends; may raise."""
+
+  def __init__(self, turns=2, obs='ok', raise_at=None):
+    self.prompt = [{'role': 'user', 'content': 'hi there'}]
+    self.turns, self.obs, self.raise_at, self.n, self.closed = turns, obs, raise_at, 0, None
+
+  def step(self, message):
+    self.n += 1
+    if self.n == self.raise_at:
+      raise RuntimeError('environment broke')
+    if self.n >= self.turns:
+      return Step(None, True, 1.0, True, {})
+    return Step(self.obs, False)
+
+  def close(self, reason):
+    self.closed = reason
+    return Step(None, True, -0.5, False, {})
+
+
+_forward = jax.jit(lambda p, x, seg: transformer.forward(p, x, CFG, segment_ids_BxT=seg)[:2])
+
+
+def _full_logp(params, trajs, temperature=1.0):
+  b = to_batch(trajs, max(len(t.tokens) for t in trajs), TOK.pad_id)
+  logits, _ = _forward(params, b['tokens'], b['segment_ids'])
+  lp = jax.nn.log_softmax(logits / temperature)
+  return np.take_along_axis(np.asarray(lp), b['targets'][..., None], -1)[..., 0], b
+
+
+def test_multiturn_cache_equals_recompute(params):
+  """Sampled log-probs from the cache equal a full forward over the final trajectory, every turn."""
+  s = SamplerConfig(temperature=0.7, max_turn_tokens=6, max_turns=3, max_len=96, record_routes=True)
+  eps = [Echo(turns=3, obs='result ' * (i + 1)) for i in range(3)]
+  trajs, st = Sampler(CFG, TOK, s).rollout(params, eps, jax.random.key(1))
+  lp, b = _full_logp(params, trajs, 0.7)
+  assert b['mask'].sum() == sum(t.num_policy_tokens for t in trajs) == st.new_tokens
+  np.testing.assert_allclose(b['sampler_logp'] * b['mask'], lp * b['mask'], atol=2e-4)
+  for t, e in zip(trajs, eps):  # Observations sit in the tokens exactly as rendered, never policy tokens.
+    assert len(t.messages) == 3 and t.done and t.reward == 1.0
+    for m in t.messages[:2]:
+      j = m.end
+      assert t.tokens[j] == TOK.role_ids['tool'] and not any(t.policy[j:j + len(e.obs) + 3])
+    assert len(t.routes) == len(t.tokens)
+
+
+def test_router_replay_reproduces_sampler_routes(params):
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=5, max_turns=2, max_len=64, record_routes=True)
+  trajs, _ = Sampler(CFG, TOK, s).rollout(params, [Echo(), Echo()], jax.random.key(2))
+  b = to_batch(trajs, max(len(t.tokens) for t in trajs), TOK.pad_id)
+  _, aux = _forward(params, b['tokens'], b['segment_ids'])
+  got = np.asarray(aux['routes']).reshape(CFG.num_moe_layers, 2, -1, 2)
+  for r, t in enumerate(trajs):
+    rec = np.stack(t.routes, 1)
+    np.testing.assert_array_equal(np.sort(got[:, r, :len(t.tokens)], -1), np.sort(rec, -1))
+
+
+def test_greedy_equals_recompute_and_stops(params):
+  """Greedy tokens equal argmax of a full forward per step; a stop sequence ends the message."""
+  s = SamplerConfig(temperature=0.0, max_turn_tokens=8, max_turns=1, max_len=64)
+  trajs, _ = Sampler(CFG, TOK, s).rollout(params, [Echo(turns=1)], jax.random.key(0))
+  t = trajs[0]
+  seq = list(t.tokens[:t.messages[0].start])
+  fwd = jax.jit(lambda p, x: transformer.forward(p, x, CFG)[0])
+  for _ in range(8):
+    buf = np.zeros((1, 48), np.int32)
+    buf[0, :len(seq)] = seq  # Causal: the padding after the sequence does not change its logits.
+    seq.append(int(jnp.argmax(fwd(params, buf)[0, len(seq) - 1])))
+  assert t.tokens[t.messages[0].start:] == seq[t.messages[0].start:]
+  # Make the third greedy token a stop sequence (with its predecessor): the message ends right there.
+  stop = tuple(seq[t.messages[0].start + 1:t.messages[0].start + 3])
+  s2 = SamplerConfig(temperature=0.0, max_turn_tokens=8, max_turns=1, max_len=64, stop_seqs=(stop,))
+  t2 = Sampler(CFG, TOK, s2).rollout(params, [Echo(turns=1)], jax.random.key(0))[0][0]
+  assert t2.tokens[t2.messages[0].start:] == seq[t.messages[0].start:t.messages[0].start + 3]
+
+
+def test_sample_logits_filters():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 4000))
+  keys = jax.random.key(3)
+  tok, lp = sample_logits(keys, logits, 1.0, top_k=2)
+  freq = np.bincount(np.asarray(tok), minlength=4) / 4000
+  assert freq[2] == freq[3] == 0 and abs(freq[0] - 0.625) < 0.03
+  np.testing.assert_allclose(lp, np.log([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)], rtol=1e-5)
+  tok, _ = sample_logits(keys, logits, 1.0, top_p=0.7)  # Smallest set reaching 0.7: {0, 1}.
+  assert set(np.unique(np.asarray(tok))) == {0, 1}
+  tok, _ = sample_logits(keys, logits, 0.0)
+  assert (np.asarray(tok) == 0).all()
+
+
+def test_faults_masked_and_limits(params):
+  """A raising episode is a fault (no reward, no crash); the context limit truncates and scores."""
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=8, max_turns=4, max_len=40)
+  eps = [Echo(turns=4, raise_at=1), Echo(turns=4, obs='x' * 20), Echo(turns=1)]
+  trajs, st = Sampler(CFG, TOK, s).rollout(params, eps, jax.random.key(4))
+  assert trajs[0].fault.startswith('RuntimeError') and not trajs[0].done
+  assert trajs[1].truncated and eps[1].closed == 'context' and trajs[1].reward == -0.5
+  assert len(trajs[1].tokens) <= 40
+  assert trajs[2].done and trajs[2].fault is None and not trajs[2].truncated
+  assert st.faults == 1 and st.truncated == 1
+
+
+def test_prompt_over_limit_is_named(params):
+  s = SamplerConfig(max_len=8)
+  with pytest.raises(ValueError, match='max_len'):
+    Sampler(CFG, TOK, s).rollout(params, [Echo()], jax.random.key(0))
