@@ -92,6 +92,9 @@ class SubprocessExecutor:
       os.killpg(proc.pid, signal.SIGKILL)
       proc.communicate()
       return Result('timeout', 'TimeoutError', f'TimeoutError: no result within {limits.wall_s}s')
+    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not out:
+      # The CPU-seconds limit fired before the wall clock (a loaded machine): also a timeout.
+      return Result('timeout', 'TimeoutError', f'TimeoutError: over {limits.cpu_s} CPU seconds')
     for line in reversed(out.decode(errors='replace').splitlines()):
       if line.startswith(nonce + ' '):
         return Result(**json.loads(line[len(nonce) + 1:]))
