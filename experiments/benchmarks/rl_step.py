@@ -78,7 +78,7 @@ def bench_rl_step(steps: int, init: str, workdir: str, sft_steps: int) -> dict:
   c.init_checkpoint, c.sft.steps = init, sft_steps
   runner = loop.Runner(c, workdir)
   params = runner.warm_start(lambda i, row: None)
-  tx = loop.step_lib.freeze_untrainable(loop.optim.make_optimizer(c.optimizer, steps))
+  tx = loop.step_lib.freeze_untrainable(loop.optim.make_optimizer(c.optimizer, steps, model_cfg=runner.cfg))
   opt_state = tx.init(params)
   teacher = teacher_lib.TeacherWeights(c.teacher.kind, params, c.teacher.ema_decay)
   update = loop.make_update(runner.cfg, tx, runner.lc, runner.scfg.temperature)

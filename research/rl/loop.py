@@ -166,7 +166,7 @@ class Runner:
       return restored.state['params']
     if c.init_checkpoint:
       raise FileNotFoundError(f'init_checkpoint={c.init_checkpoint!r} has no warmstart/ checkpoint')
-    tx = optim.make_optimizer(c.sft.optimizer, c.sft.steps)
+    tx = optim.make_optimizer(c.sft.optimizer, c.sft.steps, model_cfg=self.cfg)
     params, _ = sft.train(params, self.cfg, self.tok, tx, _demos(c), steps=c.sft.steps,
                           batch_size=c.sft.batch_size, seq_len=c.sampler.max_len, seed=c.seed, log=log)
     ckpt.save(0, {'params': params}, force=True)
@@ -201,7 +201,7 @@ class Runner:
     sft_log = open(os.path.join(wd, 'warmstart.jsonl'), 'a')
     params = self.warm_start(lambda i, row: sft_log.write(json.dumps(row) + '\n'))
     sft_log.close()
-    tx = step_lib.freeze_untrainable(optim.make_optimizer(c.optimizer, r.steps))
+    tx = step_lib.freeze_untrainable(optim.make_optimizer(c.optimizer, r.steps, model_cfg=self.cfg))
     opt_state = tx.init(params)
     teacher = teacher_lib.TeacherWeights(c.teacher.kind, params, c.teacher.ema_decay)
     update = make_update(self.cfg, tx, self.lc, self.scfg.temperature)
