@@ -43,8 +43,12 @@ def get_config():
 
 
 def rollouts_to_reach(rollouts, success, target):
-  """The first evaluated rollout count with success >= target, or None."""
-  hit = [r for r, s in zip(rollouts, success) if s >= target - 1e-9]
+  """The first evaluation after RL started (rollouts > 0) with success >= target, or None.
+
+  The warm start itself is not counted: where the outcome-only arm does not improve, its final
+  success is about the starting point, and every arm would "reach" it at 0 rollouts.
+  """
+  hit = [r for r, s in zip(rollouts, success) if r > 0 and s >= target - 1e-9]
   return hit[0] if hit else None
 
 
@@ -93,7 +97,9 @@ def run(seeds: int, workdir: str, steps: int = 0, train: bool = True) -> dict:
         'per_seed_rollouts': per_seed,
         'mean_curve_rollouts': rollouts_to_reach(list(seeds_.values())[0]['rollouts'][:n], mean, target),
         'mean_curve': [float(x) for x in mean],
-        'final_mean': float(mean[-1]), 'final_std': float(np.std([v['success'][n - 1] for v in seeds_.values()]))}
+        'final_mean': float(mean[-1]), 'final_std': float(np.std([v['success'][n - 1] for v in seeds_.values()])),
+        'by_rule_after_mean': {rule: float(np.mean([v['by_rule'][rule]['after'] or 0.0 for v in seeds_.values()]))
+                               for rule in next(iter(seeds_.values()))['by_rule']}}
   fb = out['steps_to_target']['rl_plus_feedback']['mean_curve_rollouts']
   out['feedback_within_half'] = fb is not None and fb <= total / 2
   return out
