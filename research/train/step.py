@@ -6,6 +6,7 @@ from the load the forward pass measured (aux-loss-free balancing).
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import flax
@@ -120,7 +121,7 @@ class Trainer:
 
   def step_fn(self) -> Callable:
     step = jax.jit(
-        lambda s, b, r: train_step(s, b, r, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau),
+        functools.partial(train_step, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau),
         in_shardings=(self.state_shardings, self.batch_sharding, None),
         out_shardings=(self.state_shardings, None),
         donate_argnums=0)
