@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 XM_STAMP := $(VENV)/.installed-xm
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: test demo install sysdeps clean bazel-test
+.PHONY: test demo install sysdeps clean bazel-test gpu-aot
 
 # System packages some tests need (bubblewrap for the grading sandbox); installed through apt.
 sysdeps:
@@ -36,5 +36,12 @@ bazel-test: $(STAMP) $(XM_STAMP) sysdeps
 	@command -v bazel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap bazel-platforms bazel-rules-java >/dev/null; }
 	bazel test --test_env=RESEARCH_VENV=$(CURDIR)/$(VENV) //tests/...
 
+# The sharded Muon update compiled for 8 H100s without a GPU; prints its collective schedule.
+gpu-aot:
+	test -x .venv-gpuaot/bin/python || $(PY) -m venv .venv-gpuaot
+	.venv-gpuaot/bin/python -m pip install -q -r requirements-gpuaot.lock
+	mkdir -p $${OUT:-/tmp/gpu_aot}
+	.venv-gpuaot/bin/python -m experiments.benchmarks.muon_gpu_aot --json=$${OUT:-/tmp/gpu_aot}/muon_gpu_aot.json
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-gpuaot

@@ -1,16 +1,12 @@
 """Muon on one GPU: NS throughput on a Kimi-like expert stack and the optimizer step vs optax.
 
   python -m experiments.benchmarks.muon_gpu --json=$OUT/muon_gpu.json [--small]
-  JAX_MOCK_GPU_TOPOLOGY=1x1x8 python -m experiments.benchmarks.muon_gpu --overlap \
-      --json=$OUT/muon_gpu_overlap.json
 
 Default: batched NS (standard and Polar Express schedules, bf16 and f32) on E experts of
 2048 x 7168 (Kimi K2's 7168 x 2048 expert matrices, wide side), E in (8, 16), reported as ms and
 TFLOP/s; then one optimizer step on a tree of three (16, 7168, 2048)-ish expert leaves: ours (bf16
 and f32 NS) against optax.contrib.muon. `--small` shrinks everything to run on CPU in seconds.
-`--overlap` only compiles the sharded update of the tiny-MoE tree for a mocked 8-GPU topology and
-reports how its collectives are scheduled (async start/done pairs, matmuls in flight); nothing
-runs. Needs only jax, optax and numpy.
+Needs only jax, optax and numpy. The sharded update's schedule on 8 GPUs: muon_gpu_aot.py.
 """
 
 import argparse
@@ -23,12 +19,8 @@ import numpy as np
 import optax
 from optax.contrib import MuonDimensionNumbers as Dims
 
-from experiments.benchmarks.muon import moe_tree
-from research.optim import hlo_stats
 from research.optim import muon as muon_lib
 from research.optim import newton_schulz
-from research.parallel import mesh as mesh_lib
-from research.parallel import sharding as sharding_lib
 
 
 def _time(fn, *args, reps):
@@ -75,46 +67,22 @@ def optimizer_step(experts, d, f, reps):
   return out
 
 
-def overlap():
-  """Schedule of the sharded update's collectives, compiled for this backend's 8 devices."""
-  mesh = mesh_lib.make_mesh('fsdp:2,expert:4')
-  shapes, axes, dims = moe_tree()
-  shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
-  opt = muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, mesh=mesh, shardings=shardings,
-                      chunk_bytes=2**20)
-  state = jax.eval_shape(opt.init, shapes)
-  state_sh = muon_lib.state_shardings(state, shapes, shardings, mesh)
-  compiled = jax.jit(opt.update, in_shardings=(shardings, state_sh, shardings)).lower(
-      shapes, state, shapes).compile()
-  hlo = compiled.as_text()
-  return dict(hlo_stats.schedule(hlo), collective_bytes=hlo_stats.collective_bytes(hlo),
-              devices=[str(d) for d in mesh.devices.flat])
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--json', required=True, help='where to write the results')
   parser.add_argument('--small', action='store_true', help='tiny sizes (CPU smoke test)')
-  parser.add_argument('--overlap', action='store_true', help='only the mocked 8-GPU schedule')
   args = parser.parse_args()
   result = {'backend': jax.default_backend(), 'device': str(jax.devices()[0]),
             'jax': jax.__version__}
-  if args.overlap:
-    try:
-      result['overlap'] = overlap()
-    except Exception as e:  # pylint: disable=broad-except
-      result['overlap_error'] = f'{type(e).__name__}: {e}'
-    print(json.dumps(result, indent=2))
-  else:
-    experts, d, f, reps = ((2,), 64, 32, 2) if args.small else ((8, 16), 7168, 2048, 10)
-    result['ns'] = ns_throughput(experts, f, d, reps)
-    result['step'] = optimizer_step(experts[-1], d, f, reps)
-    print(f'{"experts":>7} {"shape":>12} {"dtype":>8} {"coeffs":>14} {"ms":>9} {"TFLOP/s":>8}')
-    for r in result['ns']:
-      print(f'{r["experts"]:>7} {"x".join(map(str, r["shape"])):>12} {r["dtype"]:>8} '
-            f'{r["coeffs"]:>14} {r["ms"]:>9.2f} {r["tflops"]:>8.1f}')
-    for name, r in result['step'].items():
-      print(f'optimizer step, {experts[-1]} experts x 3 matrices, {name}: {r["ms"]:.2f} ms')
+  experts, d, f, reps = ((2,), 64, 32, 2) if args.small else ((8, 16), 7168, 2048, 10)
+  result['ns'] = ns_throughput(experts, f, d, reps)
+  result['step'] = optimizer_step(experts[-1], d, f, reps)
+  print(f'{"experts":>7} {"shape":>12} {"dtype":>8} {"coeffs":>14} {"ms":>9} {"TFLOP/s":>8}')
+  for r in result['ns']:
+    print(f'{r["experts"]:>7} {"x".join(map(str, r["shape"])):>12} {r["dtype"]:>8} '
+          f'{r["coeffs"]:>14} {r["ms"]:>9.2f} {r["tflops"]:>8.1f}')
+  for name, r in result['step'].items():
+    print(f'optimizer step, {experts[-1]} experts x 3 matrices, {name}: {r["ms"]:.2f} ms')
   with open(args.json, 'w') as fp:
     json.dump(result, fp, indent=2)
 

@@ -4,7 +4,8 @@ Bytes are what one device sends, the convention research/optim/plan.py predicts:
 all-to-all and all-gather (G devices, result R bytes): R (G-1)/G; reduce-scatter: R (G-1);
 all-reduce: 2 R (G-1)/G; collective-permute: R. Async pairs count once, at their `-done`.
 Works on `compiled.as_text()` and on `lowered.as_text(dialect='hlo')` (before backend passes:
-XLA:CPU widens bf16 collectives to f32, so a bf16 exchange shows its width only there).
+XLA:CPU widens bf16 collectives to f32, so a bf16 exchange shows its width only there), and on
+XLA:GPU's programs, whose matmuls are gemm fusions or cuBLAS/cuDNN custom-calls.
 """
 
 import dataclasses
@@ -111,16 +112,24 @@ def collective_bytes(hlo: str) -> float:
   for name, instrs in comps.items():
     if name == 'ENTRY':
       continue
+    by_name = {ins.name: ins for ins in instrs}
     for ins in instrs:
       kind = ins.opcode.removesuffix('-done')
       if kind in COLLECTIVES and not ins.opcode.endswith('-start'):
-        total += _sent(kind, _group_size(ins.line), ins.result_bytes)
+        # A `-done` names its groups only through its `-start` (XLA:GPU prints them there).
+        start = by_name.get(ins.operands[0]) if ins.opcode.endswith('-done') else None
+        total += _sent(kind, _group_size((start or ins).line), ins.result_bytes)
   return total
+
+
+_LIBRARY_MATMUL = re.compile(r'custom_call_target="__(?:cublas|cudnn)\$')
 
 
 def _is_matmul(ins: Instruction, comps: dict[str, list[Instruction]]) -> bool:
   if ins.opcode in ('dot', 'convolution'):
     return True
+  if ins.opcode == 'custom-call':  # XLA:GPU's library calls: __cublas$gemm, __cublas$lt$matmul.
+    return bool(_LIBRARY_MATMUL.search(ins.line))
   return ins.opcode == 'fusion' and any(
       c.opcode in ('dot', 'convolution') for op in ins.operands for c in comps.get(op, ()))
 
@@ -135,7 +144,9 @@ def _is_collective(ins: Instruction, comps: dict[str, list[Instruction]]) -> boo
 def schedule(hlo: str) -> dict[str, int]:
   """How the entry computation orders collectives and matmuls.
 
-  collectives: collectives (async starts count once); async: those split into start/done;
+  collectives: collectives (async starts count once); async: those split into start/done that
+  the backend did not mark synchronous (XLA:GPU's `"is_sync":true`);
+  async_overlapped: async pairs with at least one matmul scheduled between start and done;
   matmuls_in_flight: matmuls scheduled while an async collective is in flight;
   interleaved: collectives scheduled between the first and the last matmul;
   max_collective_deps: most collectives any collective transitively waits for (chunks whose
@@ -154,18 +165,22 @@ def schedule(hlo: str) -> dict[str, int]:
     deps[ins.name] = d
   matmul_pos = [i for i, ins in enumerate(entry) if _is_matmul(ins, comps)]
   colls = [(i, ins) for i, ins in enumerate(entry) if is_coll[ins.name]]
-  in_flight, open_starts = 0, 0
-  for ins in entry:
-    if is_coll[ins.name] and ins.opcode.endswith('-start'):
-      open_starts += 1
-    elif ins.opcode.endswith('-done'):
-      open_starts = max(open_starts - 1, 0)
+  starts = {ins.name: i for i, ins in colls
+            if ins.opcode.endswith('-start') and '"is_sync":true' not in ins.line}
+  in_flight, overlapped, open_starts = 0, 0, set()
+  for i, ins in enumerate(entry):
+    if ins.name in starts:
+      open_starts.add(ins.name)
+    elif ins.opcode.endswith('-done') and ins.operands and ins.operands[0] in open_starts:
+      open_starts.discard(ins.operands[0])
+      overlapped += any(starts[ins.operands[0]] < p < i for p in matmul_pos)
     elif open_starts and _is_matmul(ins, comps):
       in_flight += 1
   first, last = (matmul_pos[0], matmul_pos[-1]) if matmul_pos else (0, -1)
   return {
       'collectives': len(colls),
-      'async': sum(ins.opcode.endswith('-start') for _, ins in colls),
+      'async': len(starts),
+      'async_overlapped': overlapped,
       'matmuls': len(matmul_pos),
       'matmuls_in_flight': in_flight,
       'interleaved': sum(first < i < last for i, _ in colls),

@@ -145,3 +145,35 @@ def test_plan_kimi_scale_without_devices():
       max(plan.compute_seconds, plan.exchange_seconds)
       + min(plan.compute_seconds, plan.exchange_seconds) / plan.num_chunks)
   assert np.isfinite(plan.step_seconds)
+
+
+# XLA:GPU's shape of things (trimmed from the update compiled for 8 H100s by
+# experiments/benchmarks/muon_gpu_aot.py): groups only on the -start, matmuls as gemm fusions or
+# cuBLAS custom-calls, and a pair the scheduler left synchronous.
+GPU_HLO = """\
+%gemm_computation (p0: bf16[16,256], p1: bf16[256,16]) -> bf16[16,16] {
+  %p0 = bf16[16,256]{1,0} parameter(0)
+  %p1 = bf16[256,16]{0,1} parameter(1)
+  ROOT %dot.1 = bf16[16,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (x: bf16[2,1,256,128], y: bf16[16,256], z: bf16[256,16]) -> bf16[2,1,256,128] {
+  %x = bf16[2,1,256,128]{3,2,1,0} parameter(0)
+  %y = bf16[16,256]{1,0} parameter(1)
+  %z = bf16[256,16]{0,1} parameter(2)
+  %all-to-all-start.1 = ((bf16[2,1,256,128]{3,2,1,0}), bf16[2,1,256,128]{3,2,1,0}) all-to-all-start(%x), channel_id=1, replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}, backend_config={"collective_backend_config":{"is_sync":false}}
+  %gemm_fusion.1 = bf16[16,16]{1,0} fusion(%y, %z), kind=kCustom, calls=%gemm_computation
+  %cublas.1 = (bf16[16,16]{1,0}, s8[0]{0}) custom-call(%y, %z), custom_call_target="__cublas$gemm"
+  %all-to-all-done.1 = bf16[2,1,256,128]{3,2,1,0} all-to-all-done(%all-to-all-start.1)
+  %all-to-all-start.2 = ((bf16[2,1,256,128]{3,2,1,0}), bf16[2,1,256,128]{3,2,1,0}) all-to-all-start(%all-to-all-done.1), channel_id=2, replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}, backend_config={"collective_backend_config":{"is_sync":true}}
+  %gemm_fusion.2 = bf16[16,16]{1,0} fusion(%y, %z), kind=kCustom, calls=%gemm_computation
+  ROOT %all-to-all-done.2 = bf16[2,1,256,128]{3,2,1,0} all-to-all-done(%all-to-all-start.2)
+}
+"""
+
+
+def test_hlo_stats_reads_gpu_async_pairs():
+  stats = hlo_stats.schedule(GPU_HLO)
+  assert (stats['collectives'], stats['async'], stats['async_overlapped']) == (2, 1, 1)
+  assert (stats['matmuls'], stats['matmuls_in_flight']) == (3, 2)
+  assert hlo_stats.collective_bytes(GPU_HLO) == 2 * (2 * 256 * 128 * 2) / 2
