@@ -41,7 +41,7 @@ gpu-aot:
 	test -x .venv-gpuaot/bin/python || $(PY) -m venv .venv-gpuaot
 	.venv-gpuaot/bin/python -m pip install -q -r requirements-gpuaot.lock
 	mkdir -p $${OUT:-/tmp/gpu_aot}
-	.venv-gpuaot/bin/python -m experiments.benchmarks.muon_gpu_aot --json=$${OUT:-/tmp/gpu_aot}/muon_gpu_aot.json
+	.venv-gpuaot/bin/python -m experiments.benchmarks.gpu_aot --json=$${OUT:-/tmp/gpu_aot}/gpu_aot.json
 
 clean:
 	rm -rf $(VENV) .venv-gpuaot

@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.aux_loss_coef = 0.01            # Load balancing.
   m.z_loss_coef = 0.001
   m.moe_impl = 'auto'               # 'auto', 'dense', 'ragged' or 'blocked'.
+  m.ep_exchange = 'auto'            # 'auto', 'all_to_all' or 'ragged' (GPU, TPU only).
   m.remat = 'none'                  # 'none', 'full' or 'dots'.
 
   c.data = d = ml_collections.ConfigDict()

@@ -14,8 +14,8 @@ timeout 180 "$PY" -m experiments.benchmarks.muon_gpu --json="$OUT/muon_gpu.json"
   || echo "muon_gpu failed: $?"
 # Muon: how the sharded update's collectives are scheduled when compiled for 8 H100s (deviceless
 # compilation through the CUDA plugin's topology; nothing runs, the GPU is not used).
-timeout 120 "$PY" -m experiments.benchmarks.muon_gpu_aot --json="$OUT/muon_gpu_aot.json" \
-  || echo "muon_gpu_aot failed: $?"
+timeout 120 "$PY" -m experiments.benchmarks.gpu_aot --json="$OUT/gpu_aot.json" \
+  || echo "gpu_aot failed: $?"
 
 # MoE expert paths on the GPU: ragged_dot (grouped GEMM) vs blocked vs dense, compiled FLOPs and tokens/s.
 timeout 150 "$PY" -m experiments.benchmarks.moe_paths --tokens=8192 --d_model=2048 --d_expert=1024 \

@@ -6,7 +6,7 @@ Default: batched NS (standard and Polar Express schedules, bf16 and f32) on E ex
 2048 x 7168 (Kimi K2's 7168 x 2048 expert matrices, wide side), E in (8, 16), reported as ms and
 TFLOP/s; then one optimizer step on a tree of three (16, 7168, 2048)-ish expert leaves: ours (bf16
 and f32 NS) against optax.contrib.muon. `--small` shrinks everything to run on CPU in seconds.
-Needs only jax, optax and numpy. The sharded update's schedule on 8 GPUs: muon_gpu_aot.py.
+Needs only jax, optax and numpy. The sharded update's schedule on 8 GPUs: gpu_aot.py.
 """
 
 import argparse

@@ -11,6 +11,7 @@ from typing import Any
 ATTENTION_TYPES = ('gqa', 'mla')
 ROUTER_TYPES = ('softmax', 'sigmoid')
 MOE_IMPLS = ('auto', 'dense', 'ragged', 'blocked')
+EP_EXCHANGES = ('auto', 'all_to_all', 'ragged')
 REMAT_POLICIES = ('none', 'full', 'dots')
 
 
@@ -60,6 +61,7 @@ class ModelConfig:
   moe_impl: str = 'auto'            # auto: ragged_dot on TPU, blocked grouped matmul elsewhere.
   moe_block_size: int = 0           # Rows per block of the blocked path; 0 picks one (<= 25% pad).
   expert_parallel: bool = True      # shard_map + all-to-all over `expert` when that axis is > 1.
+  ep_exchange: str = 'auto'         # auto: ragged_all_to_all on GPU/TPU, padded all_to_all on CPU.
   # Numerics and memory.
   dtype: str = 'float32'            # Activations.
   param_dtype: str = 'float32'
@@ -86,6 +88,7 @@ class ModelConfig:
     need(self.attention in ATTENTION_TYPES, 'attention', f'unknown attention type, expected one of {ATTENTION_TYPES}')
     need(self.router in ROUTER_TYPES, 'router', f'unknown router type, expected one of {ROUTER_TYPES}')
     need(self.moe_impl in MOE_IMPLS, 'moe_impl', f'expected one of {MOE_IMPLS}')
+    need(self.ep_exchange in EP_EXCHANGES, 'ep_exchange', f'expected one of {EP_EXCHANGES}')
     need(self.remat in REMAT_POLICIES, 'remat', f'expected one of {REMAT_POLICIES}')
     for f in ('vocab_size', 'd_model', 'num_layers', 'num_heads', 'head_dim', 'd_ff', 'num_experts',
               'num_experts_per_tok', 'd_expert', 'n_group', 'topk_group'):

@@ -9,7 +9,8 @@ Paths (same math, chosen by `moe_impl`):
             over blocks with each block's expert weights. Compiled FLOPs stay within
             1 + E * (block - 1) / (N * k) of the ideal; the `auto` choice on CPU and GPU.
 Expert parallelism: `jax.shard_map` over the mesh; token copies travel to the devices that own their
-experts in fixed-size buffers through one all-to-all and come back through another.
+experts and come back through `jax.lax.ragged_all_to_all` (`ep_exchange='ragged'`, GPU and TPU), or
+through its emulation by a dense all-to-all of padded chunks (`'all_to_all'`, runs everywhere).
 """
 
 import jax
@@ -184,13 +185,43 @@ def _local_experts(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int):
 # Expert parallelism.
 
 
-def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, mesh):
+def _ragged_all_to_all_emulated(operand, output, input_offsets, send_sizes, output_offsets,
+                                recv_sizes, axis_name):
+  """`jax.lax.ragged_all_to_all`'s semantics from a dense all_to_all (XLA:CPU lacks the primitive).
+
+  Every slice travels padded to min(len(operand), len(output)) rows, the longest a slice can be;
+  rows of `output` that receive nothing keep their values.
+  """
+  rows = min(operand.shape[0], output.shape[0])
+  r = jnp.arange(rows)
+  src_KxR = jnp.where(r < send_sizes[:, None], input_offsets[:, None] + r, operand.shape[0])
+  chunks = jnp.take(operand, src_KxR, axis=0, mode='fill', fill_value=0)
+  a2a = lambda a: jax.lax.all_to_all(a, axis_name, 0, 0, tiled=True)
+  dst_KxR = jnp.where(r < recv_sizes[:, None], a2a(output_offsets)[:, None] + r, output.shape[0])
+  recv = a2a(chunks).reshape(-1, *operand.shape[1:])
+  # Scatter row numbers, then gather rows: on XLA:CPU this beats scattering the rows themselves.
+  from_M = jnp.full(output.shape[0], -1).at[dst_KxR.reshape(-1)].set(
+      jnp.arange(recv.shape[0]), mode='drop')
+  got = jnp.expand_dims(from_M >= 0, tuple(range(1, output.ndim)))
+  return jnp.where(got, recv[jnp.maximum(from_M, 0)], output)
+
+
+def resolve_exchange(exchange: str) -> str:
+  if exchange != 'auto':
+    return exchange
+  return 'all_to_all' if jax.default_backend() == 'cpu' else 'ragged'
+
+
+def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, mesh, transport):
   """shard_map over the mesh: tokens split over BATCH_AXES, experts over `expert`, F over `tensor`.
 
-  Each device sends its token copies to the owners of their experts in buffers of N_local * k rows
-  per destination (enough for any routing, so nothing is dropped), runs its local experts on what
-  it receives, and sends the results back. `tensor` shards the expert hidden units, so the
-  down-projection's partial sums are added with a psum.
+  Each device sorts its C = N_local * k token copies by expert (hence by owning device), sends each
+  owner its rows with `transport` (`jax.lax.ragged_all_to_all` or its emulation), runs its local
+  experts on what it receives and sends the results back the same way. Offsets come from the
+  all-gathered counts. The receive buffer has the static worst case of ep * C rows (every peer
+  routing everything here), so nothing is dropped; the real primitive moves only the real rows.
+  `tensor` shards the expert hidden units, so the down-projection's partial sums are added with a
+  psum.
   """
   ep = mesh.shape['expert']
   e = p['wo'].shape[0]
@@ -202,31 +233,34 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
 
   def body(pw, x_NxD, weights_NxK, experts_NxK):
     n, k = experts_NxK.shape
-    c = n * k
+    c, d = n * k, x_NxD.shape[1]
     flat_e = experts_NxK.reshape(-1)
-    dest = flat_e // e_local
-    order = jnp.argsort(dest, stable=True)
-    counts = jnp.bincount(dest, length=ep)
-    rank = jnp.arange(c) - (jnp.cumsum(counts) - counts)[dest[order]]
-    slot = dest[order] * c + rank  # Row in the (ep * c) send buffer.
-    send_x = jnp.zeros((ep * c, x_NxD.shape[1]), x_NxD.dtype).at[slot].set(x_NxD[order // k])
-    send_e = jnp.full((ep * c,), e_local, jnp.int32).at[slot].set(flat_e[order] % e_local)
-    a2a = lambda a: jax.lax.all_to_all(a.reshape(ep, c, *a.shape[1:]), 'expert', 0, 0,
-                                       tiled=False).reshape(ep * c, *a.shape[1:])
-    recv_x, recv_e = a2a(send_x), a2a(send_e)
-    # Local experts on the received rows; padding rows carry id e_local.
+    order = jnp.argsort(flat_e, stable=True)
+    # counts[i, j, l]: copies device i sends to local expert l of device j.
+    counts_PxPxL = jax.lax.all_gather(
+        jnp.bincount(flat_e, length=e).astype(jnp.int32).reshape(ep, e_local), 'expert')
+    me = jax.lax.axis_index('expert')
+    sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
+    send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
+    recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
+    recv_x = transport(x_NxD[order // k], jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me],
+                       sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name='expert')
+    # Received rows: by sender, then by local expert; the rest is padding (id e_local).
+    recv_PxL = counts_PxPxL[:, me]
+    recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
+                        jnp.append(recv_PxL.reshape(-1), ep * c - jnp.sum(recv_PxL)),
+                        total_repeat_length=ep * c)
     if impl == 'dense':
       real = (recv_e < e_local).astype(recv_x.dtype)[:, None]
       y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
     else:
       r_order = jnp.argsort(recv_e, stable=True)  # Padding sorts last, past every group.
-      group_sizes = jnp.bincount(recv_e, length=e_local + 1)[:e_local].astype(jnp.int32)
-      ys = grouped_ffn(pw, recv_x[r_order], group_sizes, impl, block)
+      ys = grouped_ffn(pw, recv_x[r_order], jnp.sum(recv_PxL, axis=0), impl, block)
       y = jnp.zeros_like(ys).at[r_order].set(ys)
     y = jax.lax.psum(y, 'tensor')
-    back = a2a(y)
-    y_copies = jnp.zeros((c, back.shape[1]), back.dtype).at[order].set(back[slot])
-    y_NxKxD = y_copies.reshape(n, k, -1)
+    back = transport(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],
+                     send_start_PxP[:, me], sizes_PxP[me], axis_name='expert')
+    y_NxKxD = jnp.zeros_like(back).at[order].set(back).reshape(n, k, d)
     return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
 
   return jax.shard_map(body, mesh=mesh, in_specs=(wspec, tok, tok, tok), out_specs=tok,
@@ -244,7 +278,9 @@ def moe(p: dict, x_BxTxD, valid_BxT, cfg: ModelConfig, routes_NxK=None):
   impl = resolve_impl(cfg.moe_impl)
   mesh = jax.sharding.get_abstract_mesh()
   if cfg.expert_parallel and not mesh.empty and mesh.shape.get('expert', 1) > 1:
-    y = _expert_parallel(p, x_NxD, weights, experts, impl, cfg.moe_block_size, mesh)
+    transport = (jax.lax.ragged_all_to_all if resolve_exchange(cfg.ep_exchange) == 'ragged'
+                 else _ragged_all_to_all_emulated)
+    y = _expert_parallel(p, x_NxD, weights, experts, impl, cfg.moe_block_size, mesh, transport)
   else:
     y = _local_experts(p, x_NxD, weights, experts, impl, cfg.moe_block_size)
   if cfg.num_shared_experts:

@@ -11,7 +11,8 @@ XLA:GPU's programs, whose matmuls are gemm fusions or cuBLAS/cuDNN custom-calls.
 import dataclasses
 import re
 
-COLLECTIVES = ('all-to-all', 'all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute')
+COLLECTIVES = ('all-to-all', 'ragged-all-to-all', 'all-gather', 'all-reduce', 'reduce-scatter',
+               'collective-permute')
 _BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'f8e4m3fn': 1, 'f8e5m2': 1, 's16': 2, 'u16': 2, 'f16': 2,
           'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8, 'c64': 8,
           'c128': 16}
@@ -105,8 +106,22 @@ def _sent(kind: str, group: int, result: int) -> float:
   return result * (group - 1) / group
 
 
+def collective_ops(hlo: str) -> dict[str, int]:
+  """Collectives by opcode over all computations (an async pair counts once, as `<op>-start`)."""
+  out = {}
+  for name, instrs in computations(hlo).items():
+    for ins in instrs if name != 'ENTRY' else ():
+      if ins.opcode.removesuffix('-start') in COLLECTIVES:
+        out[ins.opcode] = out.get(ins.opcode, 0) + 1
+  return out
+
+
 def collective_bytes(hlo: str) -> float:
-  """Bytes one device sends in all collectives of the program."""
+  """Bytes one device sends in all collectives of the program.
+
+  A ragged-all-to-all is left out: what it sends depends on the data (its static shape is the
+  worst-case buffer).
+  """
   total = 0.0
   comps = computations(hlo)
   for name, instrs in comps.items():
@@ -115,7 +130,7 @@ def collective_bytes(hlo: str) -> float:
     by_name = {ins.name: ins for ins in instrs}
     for ins in instrs:
       kind = ins.opcode.removesuffix('-done')
-      if kind in COLLECTIVES and not ins.opcode.endswith('-start'):
+      if kind in COLLECTIVES and kind != 'ragged-all-to-all' and not ins.opcode.endswith('-start'):
         # A `-done` names its groups only through its `-start` (XLA:GPU prints them there).
         start = by_name.get(ins.operands[0]) if ins.opcode.endswith('-done') else None
         total += _sent(kind, _group_size((start or ins).line), ins.result_bytes)

@@ -1,15 +1,18 @@
-"""Router semantics and the three expert paths against the dense reference and numpy."""
+"""Router, expert paths and expert parallelism against the dense reference and numpy."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from research.model import moe
 from research.model.config import ModelConfig
 from research.model.layers import materialize
+from research.parallel import mesh as mesh_lib
 
 SOFTMAX = ModelConfig(d_model=32, num_experts=8, num_experts_per_tok=2, d_expert=16)
 SIGMOID = dataclasses.replace(SOFTMAX, router='sigmoid', num_experts=16, num_experts_per_tok=4, n_group=4,
@@ -134,3 +137,105 @@ def test_router_replay_reuses_routes():
   assert not np.array_equal(stats_new['routes'], stats['routes'])
   np.testing.assert_array_equal(stats_replay['routes'], stats['routes'])
   np.testing.assert_allclose(y_replay, y, atol=1e-6)  # The bias only affects selection.
+
+
+# ----------------------------------------------------------------------------------------------
+# Expert parallelism. XLA:CPU cannot run ragged_all_to_all, so the exchange runs here through its
+# emulation (`ep_exchange='all_to_all'`), and the real primitive is only lowered.
+
+
+def _np_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets):
+  """ragged_all_to_all's docstring on stacked per-device arrays: result[j] gets sender i's slice t."""
+  ep, k = send_sizes.shape
+  s = k // ep
+  result = output.copy()
+  for i in range(ep):
+    for t in range(k):
+      j, n, o = t // s, send_sizes[i, t], output_offsets[i, t]
+      result[j, o:o + n] = operand[i, input_offsets[i, t]:input_offsets[i, t] + n]
+  return result
+
+
+def _layout(rng, sizes_XxK):
+  """Offsets that lay each row's slices out in order with random gaps; returns offsets, length."""
+  gaps = rng.integers(0, 2, sizes_XxK.shape)
+  ends = np.cumsum(gaps + sizes_XxK, axis=1)
+  return (ends - sizes_XxK).astype(np.int32), int(ends[:, -1].max())
+
+
+def test_ragged_all_to_all_emulation_matches_numpy():
+  ep, s, d = 8, 2, 3  # Two slices per destination.
+  rng = np.random.default_rng(0)
+  send = rng.integers(0, 3, (ep, ep * s)).astype(np.int32)  # send[i, j*s + t]; ~1/3 empty.
+  recv = send.reshape(ep, ep, s).transpose(1, 0, 2).reshape(ep, ep * s)  # recv[j, i*s + t].
+  in_off, n = _layout(rng, send)
+  recv_off, m = _layout(rng, recv)
+  out_off = recv_off.reshape(ep, ep, s).transpose(1, 0, 2).reshape(ep, ep * s)
+  operand = rng.normal(size=(ep, n, d)).astype(np.float32)
+  output = rng.normal(size=(ep, m + 2, d)).astype(np.float32)  # Unwritten rows must survive.
+  ref = _np_ragged_all_to_all(operand, output, in_off, send, out_off)
+
+  mesh = mesh_lib.make_mesh('expert:8')
+  fn = jax.shard_map(functools.partial(moe._ragged_all_to_all_emulated, axis_name='expert'),
+                     mesh=mesh, in_specs=P('expert'), out_specs=P('expert'), check_vma=False)
+  flat = lambda a: a.reshape(-1, *a.shape[2:])
+  with jax.set_mesh(mesh):
+    out = jax.jit(fn)(*map(flat, (operand, output, in_off, send, out_off, recv)))
+  np.testing.assert_array_equal(np.asarray(out).reshape(ref.shape), ref)
+
+
+def _moe_on_mesh(cfg, mesh_spec, p, x, valid):
+  with jax.set_mesh(mesh_lib.make_mesh(mesh_spec)):
+    return jax.jit(lambda p, x: moe.moe(p, x, valid, cfg)[0])(p, x)
+
+
+@pytest.mark.parametrize('mesh_spec', ['expert:4', 'fsdp:2,expert:2,tensor:2'])
+@pytest.mark.parametrize('impl', ['blocked', 'ragged'])
+def test_expert_parallel_matches_dense(mesh_spec, impl):
+  p = _params(SOFTMAX)
+  x = jax.random.normal(jax.random.key(10), (2, 24, SOFTMAX.d_model))
+  valid = jnp.ones((2, 24), bool)
+  ref, _ = moe.moe(p, x, valid, dataclasses.replace(SOFTMAX, moe_impl='dense'))
+  out = _moe_on_mesh(dataclasses.replace(SOFTMAX, moe_impl=impl, ep_exchange='all_to_all'),
+                     mesh_spec, p, x, valid)
+  np.testing.assert_allclose(out, ref, atol=1e-5)
+
+
+def test_expert_parallel_dropless_when_one_device_receives_everything():
+  cfg = dataclasses.replace(SOFTMAX, moe_impl='blocked', moe_block_size=4, ep_exchange='all_to_all')
+  p = _params(cfg)
+  p['router'] = jnp.zeros_like(p['router']).at[:, :2].set(10.0)  # Experts 0 and 1: device 0.
+  x = jnp.abs(jax.random.normal(jax.random.key(11), (2, 24, cfg.d_model)))
+  valid = jnp.ones((2, 24), bool)
+  ref, _ = moe.moe(p, x, valid, dataclasses.replace(cfg, moe_impl='dense'))
+  np.testing.assert_allclose(_moe_on_mesh(cfg, 'expert:4', p, x, valid), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize('mesh_spec', ['expert:4', 'fsdp:2,expert:2,tensor:2'])
+def test_expert_parallel_gradients_match_dense(mesh_spec):
+  p = _params(SOFTMAX)
+  x = jax.random.normal(jax.random.key(12), (2, 24, SOFTMAX.d_model))
+  valid = jnp.ones((2, 24), bool)
+  probe = jax.random.normal(jax.random.key(13), x.shape)
+  loss = lambda cfg: lambda p, x: jnp.sum(moe.moe(p, x, valid, cfg)[0] * probe)
+  ref = jax.grad(loss(dataclasses.replace(SOFTMAX, moe_impl='dense')), argnums=(0, 1))(p, x)
+  cfg = dataclasses.replace(SOFTMAX, moe_impl='blocked', ep_exchange='all_to_all')
+  with jax.set_mesh(mesh_lib.make_mesh(mesh_spec)):
+    out = jax.jit(jax.grad(loss(cfg), argnums=(0, 1)))(p, x)
+  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_ragged_exchange_lowers_to_the_primitive():
+  """XLA:CPU cannot compile it, but the forward and backward programs lower to ragged_all_to_all."""
+  p = _params(SOFTMAX)
+  x = jnp.ones((2, 24, SOFTMAX.d_model))
+  valid = jnp.ones((2, 24), bool)
+  texts = {}
+  for exchange in ('ragged', 'auto'):
+    cfg = dataclasses.replace(SOFTMAX, moe_impl='blocked', ep_exchange=exchange)
+    loss = lambda p, x: jnp.sum(moe.moe(p, x, valid, cfg)[0])
+    with jax.set_mesh(mesh_lib.make_mesh('expert:4')):
+      texts[exchange] = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x).as_text()
+  assert texts['ragged'].count('ragged_all_to_all') >= 4  # Two exchanges, each transposed.
+  assert 'ragged_all_to_all' not in texts['auto']  # `auto` emulates it on CPU.

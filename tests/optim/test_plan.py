@@ -148,7 +148,7 @@ def test_plan_kimi_scale_without_devices():
 
 
 # XLA:GPU's shape of things (trimmed from the update compiled for 8 H100s by
-# experiments/benchmarks/muon_gpu_aot.py): groups only on the -start, matmuls as gemm fusions or
+# experiments/benchmarks/gpu_aot.py): groups only on the -start, matmuls as gemm fusions or
 # cuBLAS custom-calls, and a pair the scheduler left synchronous.
 GPU_HLO = """\
 %gemm_computation (p0: bf16[16,256], p1: bf16[256,16]) -> bf16[16,16] {
@@ -177,3 +177,22 @@ def test_hlo_stats_reads_gpu_async_pairs():
   assert (stats['collectives'], stats['async'], stats['async_overlapped']) == (2, 1, 1)
   assert (stats['matmuls'], stats['matmuls_in_flight']) == (3, 2)
   assert hlo_stats.collective_bytes(GPU_HLO) == 2 * (2 * 256 * 128 * 2) / 2
+
+
+RAGGED_HLO = """\
+ENTRY %main (x: f32[64,8], o: f32[512,8], s: s64[8]) -> f32[512,8] {
+  %x = f32[64,8]{1,0} parameter(0)
+  %o = f32[512,8]{1,0} parameter(1)
+  %s = s64[8]{0} parameter(2)
+  %a2a-start = ((f32[64,8]{1,0}, f32[512,8]{1,0}, s64[8]{0}, s64[8]{0}, s64[8]{0}, /*index=5*/s64[8]{0}), f32[512,8]{1,0}) ragged-all-to-all-start(%x, %o, %s, %s, %s, /*index=5*/%s), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}
+  %a2a-done = f32[512,8]{1,0} ragged-all-to-all-done(%a2a-start)
+  %offsets = s64[8]{0} all-to-all(%s), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  ROOT %out = f32[512,8]{1,0} copy(%a2a-done)
+}
+"""
+
+
+def test_hlo_stats_counts_ragged_exchanges_but_not_their_worst_case_bytes():
+  assert hlo_stats.collective_ops(RAGGED_HLO) == {'ragged-all-to-all-start': 1, 'all-to-all': 1}
+  assert hlo_stats.schedule(RAGGED_HLO)['async'] == 1
+  assert hlo_stats.collective_bytes(RAGGED_HLO) == 8 * 8 * 7 / 8  # Only the offsets' all-to-all.

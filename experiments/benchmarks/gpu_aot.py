@@ -1,0 +1,132 @@
+"""Sharded programs compiled for 8 GPUs on a machine without one: what XLA:GPU makes of them.
+
+  make gpu-aot    # makes .venv-gpuaot from requirements-gpuaot.lock, then runs:
+  .venv-gpuaot/bin/python -m experiments.benchmarks.gpu_aot --json=/tmp/gpu_aot.json
+
+Deviceless ahead-of-time compilation: the CUDA PJRT plugin builds a topology of 8 devices from a
+GPU target config (`gpu_specs/<gpu>.txtpb`, XLA's spec of that GPU) without a GPU, driver or
+libcuda, and XLA:GPU's full pipeline, latency-hiding scheduler included, compiles for it; nothing
+runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolkit in
+/usr/local/cuda, whose ptxas is then used), none of the other nvidia-* wheels. Two parts:
+  muon    the update of the tiny-MoE tree on `fsdp:2,expert:4` (ours with bf16 NS, as on a GPU,
+          and optax.contrib.muon under the same shardings), read with research/optim/hlo_stats:
+          async collective start/done pairs, how many have a matmul between start and done,
+          collective bytes per device;
+  moe_ep  forward + backward of an expert-parallel MoE layer with each `ep_exchange` on
+          `expert:8` and `fsdp:2,expert:2,tensor:2`: does XLA:GPU take jax.lax.ragged_all_to_all
+          as we call it, and which collectives come out.
+The optimized HLO of each program goes next to the JSON (`<json>.<name>.hlo.txt`). About 1 min on 2
+CPU cores. The CUDA wheels stay out of requirements.lock: only this venv needs them (a GPU
+machine's jax[cuda12] has them).
+"""
+
+import os
+
+# No GPU is needed or wanted: the plugin still registers and makes topologies, but skips its CUDA
+# version checks and the attempt to open a device.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import argparse  # pylint: disable=g-import-not-at-top
+import dataclasses
+import importlib.metadata
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.experimental import topologies
+
+from experiments.benchmarks.muon import moe_tree
+from research.model import moe
+from research.model.config import ModelConfig
+from research.model.layers import materialize
+from research.optim import hlo_stats
+from research.optim import muon as muon_lib
+from research.parallel import mesh as mesh_lib
+from research.parallel import sharding as sharding_lib
+
+SPECS = pathlib.Path(__file__).parent / 'gpu_specs'
+GPUS = {'h100': SPECS / 'h100_sxm.txtpb'}
+# One MoE layer: 16 x 256 tokens, d_model 256, 16 experts of 128 hidden units, top-2.
+MOE_CFG = ModelConfig(d_model=256, num_experts=16, num_experts_per_tok=2, d_expert=128, moe_impl='blocked')
+
+
+def gpu_topology(target_config: str, topology: str = '1x1x8'):
+  """Compile-only CUDA devices: `topology` is partitions x hosts per partition x GPUs per host."""
+  return topologies.get_topology_desc(platform='cuda', topology_name='aot',
+                                      target_config=target_config, topology=topology).devices
+
+
+def muon_programs(devices, mesh_spec, chunk_bytes):
+  """name -> compiled optimizer update (params and state sharded alike), from shapes only."""
+  mesh = mesh_lib.make_mesh(mesh_spec, devices)
+  shapes, axes, dims = moe_tree()
+  shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
+  variants = {
+      # ns_dtype follows the target (muon's default looks at the default backend: CPU here).
+      'muon_ours': muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, weight_decay=0.1, mesh=mesh,
+                                 shardings=shardings, ns_dtype=jnp.bfloat16, chunk_bytes=chunk_bytes),
+      'muon_optax': optax.contrib.muon(0.02, muon_weight_dimension_numbers=dims, weight_decay=0.1),
+  }
+  for name, opt in variants.items():
+    state = jax.eval_shape(opt.init, shapes)
+    state_sh = muon_lib.state_shardings(state, shapes, shardings, mesh)
+    update = jax.jit(opt.update, in_shardings=(shardings, state_sh, shardings),
+                     out_shardings=(shardings, state_sh))
+    yield name, update.lower(shapes, state, shapes).compile()
+
+
+def moe_programs(devices):
+  """name -> compiled gradient of one expert-parallel MoE layer, per mesh and exchange."""
+  x = jax.ShapeDtypeStruct((16, 256, MOE_CFG.d_model), jnp.float32)
+  valid = jax.ShapeDtypeStruct((16, 256), jnp.bool_)
+  for mesh_spec in ('expert:8', 'fsdp:2,expert:2,tensor:2'):
+    for exchange in ('ragged', 'all_to_all'):
+      cfg = dataclasses.replace(MOE_CFG, ep_exchange=exchange)
+      p = jax.eval_shape(lambda c=cfg: materialize(moe.moe_specs(c), jax.random.key(0), jnp.float32))
+      loss = lambda p, x, v, c=cfg: jnp.sum(moe.moe(p, x, v, c)[0])
+      with jax.set_mesh(mesh_lib.make_mesh(mesh_spec, devices)):
+        yield f'moe_ep_{exchange}_{mesh_spec}', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--json', required=True, help='where to write the results')
+  parser.add_argument('--gpu', default='h100',
+                      help=f'one of {sorted(GPUS)} or a GpuTargetConfigProto text file')
+  parser.add_argument('--mesh', default='fsdp:2,expert:4', help='mesh of the Muon part')
+  parser.add_argument('--chunk_bytes', type=int, default=2**20,
+                      help='exchange chunk size; small, so the tiny tree has several chunks')
+  args = parser.parse_args()
+
+  spec = GPUS.get(args.gpu, pathlib.Path(args.gpu))
+  devices = gpu_topology(spec.read_text())
+  result = {'gpu': devices[0].device_kind, 'target_config': str(spec), 'devices': len(devices),
+            'jax': jax.__version__, 'plugin': _plugin_version()}
+  stem = pathlib.Path(args.json)
+  stem.parent.mkdir(parents=True, exist_ok=True)
+  programs = [*muon_programs(devices, args.mesh, args.chunk_bytes), *moe_programs(devices)]
+  for name, compiled in programs:
+    hlo = compiled.as_text()
+    hlo_file = stem.with_name(f'{stem.name}.{name.replace(":", "").replace(",", "_")}.hlo.txt')
+    hlo_file.write_text(hlo)
+    r = result[name] = dict(hlo_stats.schedule(hlo), ops=hlo_stats.collective_ops(hlo),
+                            collective_bytes_per_device=hlo_stats.collective_bytes(hlo), hlo=str(hlo_file))
+    print(f'{name}: {r["ops"]}; {r["async"]} async pairs, {r["async_overlapped"]} with matmuls '
+          f'between start and done; {r["collective_bytes_per_device"] / 2**20:.2f} MiB sent per device')
+  print('(ragged-all-to-all bytes depend on the routing and are not counted)')
+  stem.write_text(json.dumps(result, indent=2))
+
+
+def _plugin_version():
+  for package in ('jax-cuda12-plugin', 'jax-cuda13-plugin'):
+    try:
+      return f'{package} {importlib.metadata.version(package)}'
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return None
+
+
+if __name__ == '__main__':
+  main()
