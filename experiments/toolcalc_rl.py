@@ -25,11 +25,14 @@ def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.init_checkpoint = ''            # A workdir holding warmstart/; empty: run the warm start here.
+  c.base = b = ml_collections.ConfigDict()
+  b.checkpoint = ''                 # `launch.convert --from_hf` output: start from it, not `model`.
+  b.tokenizer = ''                  # Its Hugging Face folder (tokenizer.json, chat template).
   c.checkpoint_every = 50           # RL steps between checkpoints (the run resumes from the last).
   c.tensorboard = True              # Also write TensorBoard events next to metrics.jsonl.
 
   c.model = m = ml_collections.ConfigDict()
-  m.vocab_size = 264                # ByteTokenizer: 256 bytes + 8 specials.
+  m.vocab_size = 280                # ByteTokenizer: 256 bytes + 8 specials + 10 tool words, padded.
   m.d_model = 96
   m.num_layers = 2
   m.num_heads = 4
@@ -52,9 +55,10 @@ def get_config() -> ml_collections.ConfigDict:
   e.tools = 'rl'                    # 'rl': add renamed to plus (drift); 'warm': the warm-start tools.
   e.max_ops = 2                     # Operations per problem (1..max_ops).
   e.max_operand = 9
+  e.word_tokens = True              # Tool names are one token each (as in a BPE vocabulary), not bytes.
 
   c.sft = s = ml_collections.ConfigDict()
-  s.steps = 600                     # Warm-start steps on fresh demonstrations.
+  s.steps = 400                     # Warm-start steps on fresh demonstrations.
   s.batch_size = 32
   s.hint_fraction = 0.4             # Share of hint-conditioned demonstrations.
   s.optimizer = _optimizer(3e-3, 20)

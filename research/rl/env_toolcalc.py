@@ -24,9 +24,17 @@ from research.rl.env import Step
 
 WARM_TOOLS = {'+': 'add', '-': 'sub', '*': 'mul'}
 RL_TOOLS = {'+': 'plus', '-': 'sub', '*': 'mul'}
+# Other names each operation may carry in warm-start data (the RL names among them). A reminder may
+# rename an operation to one of them, and plain demonstrations list them for operations the problem
+# does not use (a noisy tool list), so the policy learns to follow a reminder and to solve problems
+# whatever the list says, but without a reminder it has only ever called WARM_TOOLS.
+NAME_POOL = {'+': ('plus', 'sum'), '-': ('minus', 'diff'), '*': ('times', 'prod')}
 _OPS = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b}
 _CALL = re.compile(r'([a-z]+)\((-?\d+),(-?\d+)\)')
 _ANS = re.compile(r'ans\((-?\d+)\)')
+
+# Every tool name any tool set or reminder uses, and `ans`: the single tokens of `ToolCalc.words`.
+WORDS = tuple(dict.fromkeys(['ans', *WARM_TOOLS.values(), *RL_TOOLS.values(), *sum(NAME_POOL.values(), ())]))
 
 SOLVED, INVALID, NO_ANSWER, REPEAT = 1.0, -1.0, -0.5, -0.25
 
@@ -121,6 +129,7 @@ class Episode:
 class ToolCalc:
   """Tasks with 1..max_ops operations on operands 1..max_operand; `tools` maps op -> tool name."""
   name = 'toolcalc'
+  words = WORDS  # Whole-word tokens for a tokenizer that wants them (`env.word_tokens`).
 
   def __init__(self, tools: dict | None = None, max_ops: int = 3, max_operand: int = 9,
                extra_messages: int = 2):
@@ -137,13 +146,6 @@ class ToolCalc:
 
   def reset(self, task: Task) -> Episode:
     return Episode(task, self.tools, len(task.ops) + 1 + self.extra)
-
-
-# Other names each operation may carry in warm-start data (the RL names among them). A reminder may
-# rename an operation to one of them, and plain demonstrations list them for operations the problem
-# does not use (a noisy tool list), so the policy learns to follow a reminder and to solve problems
-# whatever the list says, but without a reminder it has only ever called WARM_TOOLS.
-NAME_POOL = {'+': ('plus', 'sum'), '-': ('minus', 'diff'), '*': ('times', 'prod')}
 
 
 def _turns(conv, turns, upto, loss):

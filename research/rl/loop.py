@@ -2,8 +2,11 @@
 
     summary = run(config, workdir)       # launch/rl.py wraps it; experiments/toolcalc_rl.py configures
 
-Warm start: `config.init_checkpoint` (a workdir whose warmstart/ holds one), else the supervised
-stage (research/rl/sft.py) on the environment's demonstrations, saved to workdir/warmstart.
+Start: a random init, or a base model (`config.base.checkpoint`, an orbax checkpoint written by
+`launch.convert --from_hf`, whose model config it carries; `config.base.tokenizer`, the Hugging Face
+folder with its tokenizer and chat template). Warm start: `config.init_checkpoint` (a workdir whose
+warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
+environment's demonstrations from the start, saved to workdir/warmstart.
 Each step: rollouts (research/rl/sampler.py) -> group-baseline advantages -> critic feedback ->
 teacher log-probs on the hinted contexts -> one optimizer step on
 pg_coef * policy gradient + distill_coef * distillation (research/rl/losses.py).
@@ -28,6 +31,7 @@ import optax
 import tqdm
 
 from research.checkpoint.manager import Checkpointer, abstract
+from research.hf import convert
 from research.metrics.writer import MetricsWriter
 from research.model import config as model_config
 from research.model import moe as moe_lib
@@ -37,6 +41,7 @@ from research.rl import env_pyfunc, env_toolcalc, losses, sft, teacher as teache
 from research.rl.sampler import Sampler, SamplerConfig
 from research.rl.trajectory import routes_batch, to_batch
 from research.tokenizer.base import ByteTokenizer
+from research.tokenizer.hf import HFTokenizer
 from research.train import optimizer as optim
 from research.train import step as step_lib
 
@@ -101,7 +106,7 @@ def make_update(cfg, tx, lc, temperature):
       moe_p = params['moe_layers']['moe']
       params['moe_layers']['moe'] = {**moe_p, 'router_bias': jax.vmap(moe_lib.update_router_bias, (0, 0, None))(
           moe_p['router_bias'], load, cfg.bias_update_rate)}
-    return params, opt_state, {**aux, 'loss': loss, 'grad_norm': optax.global_norm(grads)}
+    return params, opt_state, {**aux, 'loss': loss, 'grad_norm': optax.tree.norm(grads)}
   return jax.jit(update, donate_argnums=(0, 1))
 
 
@@ -135,12 +140,21 @@ class Runner:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self.c, self.workdir = config, workdir
     os.makedirs(workdir, exist_ok=True)
-    self.tok = ByteTokenizer()
-    self.cfg = model_config.from_dict(config.model.to_dict())
+    self.env = make_env(config.env)
+    base = config.get('base') or ml_collections.ConfigDict({'checkpoint': '', 'tokenizer': ''})
+    self.base_checkpoint = base.checkpoint
+    if base.tokenizer:
+      self.tok = HFTokenizer(base.tokenizer)
+    else:
+      if config.env.get('word_tokens') and not hasattr(self.env, 'words'):
+        raise ValueError(f'env.word_tokens: env {config.env.name!r} has no word list')
+      self.tok = ByteTokenizer(self.env.words if config.env.get('word_tokens') else ())
+    # A base checkpoint brings its own model config; `config.model` then describes nothing.
+    self.cfg = (convert.read_model_config(base.checkpoint) if base.checkpoint
+                else model_config.from_dict(config.model.to_dict()))
     if self.cfg.vocab_size < self.tok.vocab_size:
       raise ValueError(f'model.vocab_size={self.cfg.vocab_size} is smaller than the tokenizer\'s '
                        f'{self.tok.vocab_size}')
-    self.env = make_env(config.env)
     s = config.sampler
     self.scfg = SamplerConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                               max_turn_tokens=s.max_turn_tokens, max_turns=s.max_turns, max_len=s.max_len,
@@ -157,7 +171,8 @@ class Runner:
   def warm_start(self, log) -> dict:
     """Params after the supervised stage (run once; reused from init_checkpoint or this workdir)."""
     c = self.c
-    params = transformer.init(self.cfg, jax.random.key(c.seed))
+    params = (convert.load_params(self.base_checkpoint, self.cfg)[0] if self.base_checkpoint
+              else transformer.init(self.cfg, jax.random.key(c.seed)))
     src = c.init_checkpoint or self.workdir
     ckpt = Checkpointer(os.path.join(src, 'warmstart'), save_every=1, keep=1, async_save=False)
     restored = ckpt.restore(abstract({'params': params}))

@@ -173,7 +173,8 @@ class Sampler:
   def _text(self, ids) -> tuple[str, bool]:
     """The message text; a special token inside the content makes it unparseable on purpose."""
     body = list(ids[:-1]) if len(ids) and ids[-1] == self.tok.end_of_message_id else list(ids)
-    bad = any(i >= 256 or i < 0 for i in body) if hasattr(self.tok, 'special_ids') else False
+    specials = set(getattr(self.tok, 'special_ids', {}).values())
+    bad = any(i in specials or not 0 <= i < self.tok.vocab_size for i in body)
     return self.tok.decode(body) + ('\x00<special>' if bad else ''), bad
 
   def rollout(self, params, episodes, key, *, tasks=None, groups=None):
@@ -242,11 +243,16 @@ class Sampler:
         if step.done:
           finish(r, step)
           continue
-        o_ids = chat.render_message(tok, 'tool', step.observation)
-        if len(o_ids) > s.max_obs_tokens + 2:
+        body = tok.encode(step.observation)
+        if len(body) > s.max_obs_tokens:  # Keep the tail: that is where tracebacks say what broke.
           st.obs_truncated += 1
-          o_ids = [o_ids[0], *tok.encode('...'), *o_ids[-(s.max_obs_tokens - 1):]]
-        o_ids.append(tok.role_ids['assistant'])
+          body = [*tok.encode('...'), *body[-s.max_obs_tokens:]]
+        # Close the model's message (after its own end-of-message only the rest of the suffix,
+        # ChatML's newline; after a cut or another stop sequence all of it), then the observation
+        # and the opening of the next assistant turn: the chat template's ids, token for token.
+        closing = tok.message_suffix('assistant')[int(n > 0 and msg_ids[-1] == tok.end_of_message_id):]
+        o_ids = [*closing, *tok.message_prefix('tool'), *body, *tok.message_suffix('tool'),
+                 *chat.generation_prompt(tok)]
         if turn == s.max_turns - 1:
           close(r, 'turns')
         elif len(trajs[r].tokens) + len(o_ids) >= s.max_len or (

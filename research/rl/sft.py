@@ -23,11 +23,12 @@ from research.train import step as step_lib
 
 def render(tok: Tokenizer, conv: list[dict]) -> tuple[list[int], list[bool]]:
   """Ids and, per id, whether it is a trained token (content and <eom> of `loss` messages)."""
-  ids, loss = [tok.bos_id], [False]
+  ids, loss = list(tok.chat_start), [False] * len(tok.chat_start)
   for m in conv:
     part = chat.render_message(tok, m['role'], m['content'])
+    opener = len(tok.message_prefix(m['role']))
     ids += part
-    loss += [False] + [bool(m.get('loss'))] * (len(part) - 1)
+    loss += [False] * opener + [bool(m.get('loss'))] * (len(part) - opener)
   return ids, loss
 
 

@@ -90,13 +90,13 @@ class HintedContext:
 
 def with_hint(tok: Tokenizer, traj: Trajectory, message: int, hint: str,
               role: str = 'system') -> HintedContext:
-  """Prefix + hint + target message: the hint is a whole message placed before the target's role token."""
+  """Prefix + hint + target message: the hint is a whole message placed before the target's opener."""
   m = traj.messages[message]
-  opener = m.start - 1  # The <assistant> token the environment template put before the message.
+  opener = len(chat.generation_prompt(tok))  # What opened the assistant turn (<assistant>, ChatML's 3).
+  h0 = m.start - opener
   hint_ids = chat.render_message(tok, role, hint)
-  ids = traj.tokens[:opener] + hint_ids + traj.tokens[opener:m.end]
-  h0 = opener
-  return HintedContext(ids, (h0, h0 + len(hint_ids)), (h0 + len(hint_ids) + 1, len(ids)))
+  ids = traj.tokens[:h0] + hint_ids + traj.tokens[h0:m.end]
+  return HintedContext(ids, (h0, h0 + len(hint_ids)), (h0 + len(hint_ids) + opener, len(ids)))
 
 
 def to_batch(trajs: list[Trajectory], seq_len: int, pad_id: int, rows: int | None = None) -> dict:

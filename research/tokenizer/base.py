@@ -4,6 +4,7 @@ Special tokens are ids of their own, never produced by encoding text, so a chat 
 split back into messages without ambiguity.
 """
 
+import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -29,12 +30,25 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-  """UTF-8 bytes are ids 0..255; specials follow."""
+  """UTF-8 bytes are ids 0..255; specials follow, then optional whole-word tokens.
 
-  def __init__(self):
+  `words` (e.g. an environment's tool names) become one id each wherever they stand as a whole word,
+  as a BPE vocabulary would have them; everything else is bytes.
+  """
+
+  def __init__(self, words: Sequence[str] = ()):
     specials = ['<pad>', '<bos>', '<eos>', '<eom>', *(f'<{r}>' for r in ROLES)]
     self.special_ids = {name: 256 + i for i, name in enumerate(specials)}
-    self.vocab_size = 256 + len(specials)
+    self.words = tuple(dict.fromkeys(words))
+    bad = [w for w in self.words if not re.fullmatch(r'\w+', w)]
+    if bad:
+      raise ValueError(f'ByteTokenizer words must be non-empty runs of word characters: {bad}')
+    first = 256 + len(specials)
+    self.word_ids = {w: first + i for i, w in enumerate(self.words)}
+    self._word_bytes = {i: w.encode() for w, i in self.word_ids.items()}
+    longest_first = sorted(self.words, key=len, reverse=True)
+    self._word_re = re.compile(r'\b(' + '|'.join(map(re.escape, longest_first)) + r')\b') if self.words else None
+    self.vocab_size = first + len(self.words)
     self.pad_id = self.special_ids['<pad>']
     self.bos_id = self.special_ids['<bos>']
     self.eos_id = self.special_ids['<eos>']
@@ -43,10 +57,17 @@ class ByteTokenizer:
     self.chat_start = [self.bos_id]
 
   def encode(self, text: str) -> list[int]:
-    return list(text.encode('utf-8'))
+    if self._word_re is None:
+      return list(text.encode('utf-8'))
+    ids, pos = [], 0
+    for m in self._word_re.finditer(text):
+      ids += list(text[pos:m.start()].encode('utf-8')) + [self.word_ids[m.group(1)]]
+      pos = m.end()
+    return ids + list(text[pos:].encode('utf-8'))
 
   def decode(self, ids: Sequence[int]) -> str:
-    return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode('utf-8', errors='replace')
+    out = b''.join(bytes([i]) if 0 <= i < 256 else self._word_bytes.get(i, b'') for i in map(int, ids))
+    return out.decode('utf-8', errors='replace')
 
   def message_prefix(self, role: str) -> list[int]:
     return [self.role_ids[role]]

@@ -7,13 +7,18 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import torch
+import transformers
 
+import chatml
 from experiments import toolcalc_rl
+from research.hf import convert
 from research.model import transformer
 from research.rl import loop, teacher as teacher_lib
 from research.rl.critics import Feedback
 from research.rl.trajectory import Trajectory, to_batch
 from research.tokenizer import chat
+from research.tokenizer.hf import HFTokenizer
 
 REQUIRED = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss',
             'rollout_tokens_per_s', 'logp_mismatch', 'time_sample', 'time_teacher', 'time_update')
@@ -102,3 +107,26 @@ def test_policy_gradient_raises_positive_advantage_tokens():
   hist = _run_updates(c, r, params, t, [], 1.0, 5)
   pg = [float(h['pg_loss']) for h in hist]  # -A * sum log p / denom: falls as log p of the tokens rises.
   assert pg[-1] < pg[0] - 0.1, pg
+
+
+def test_rl_starts_from_a_converted_hf_checkpoint_with_its_tokenizer(tmp_path):
+  """launch.convert's output and a ChatML tokenizer: the loop starts from those weights and runs."""
+  tok_dir = chatml.tokenizer_folder(tmp_path / 'tok')
+  vocab = HFTokenizer(str(tok_dir)).vocab_size
+  torch.manual_seed(0)
+  transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+      vocab_size=vocab, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
+      num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
+  )).save_pretrained(tmp_path / 'hf')
+  convert.hf_to_orbax(str(tmp_path / 'hf'), str(tmp_path / 'ckpt'))
+  c = _tiny(1)
+  c.base.checkpoint, c.base.tokenizer = str(tmp_path / 'ckpt'), str(tok_dir)
+  c.sft.steps, c.eval.num_tasks, c.sampler.max_len = 0, 4, 160
+  r = loop.Runner(c, str(tmp_path / 'run'))
+  assert isinstance(r.tok, HFTokenizer) and r.cfg.vocab_size == vocab and r.cfg.d_model == 32
+  start = r.warm_start(lambda i, row: None)
+  base, _ = convert.load_params(str(tmp_path / 'ckpt'))
+  jax.tree.map(np.testing.assert_array_equal, start, base)  # sft.steps=0: the base itself.
+  summary = loop.run(c, str(tmp_path / 'run'))
+  rows = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
+  assert rows[-1]['step'] == 1 and np.isfinite(rows[-1]['pg_loss']) and summary['rollouts'] == 8

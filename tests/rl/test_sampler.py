@@ -62,7 +62,8 @@ def test_multiturn_cache_equals_recompute(params):
   for t, e in zip(trajs, eps):  # Observations sit in the tokens exactly as rendered, never policy tokens.
     assert len(t.messages) == 3 and t.done and t.reward == 1.0
     for m in t.messages[:2]:
-      j = m.end
+      j = m.end + (t.tokens[m.end - 1] != TOK.end_of_message_id)  # A cut message is closed for it.
+      assert t.tokens[j - 1] == TOK.end_of_message_id and not t.policy[j - 1]
       assert t.tokens[j] == TOK.role_ids['tool'] and not any(t.policy[j:j + len(e.obs) + 3])
     assert len(t.routes) == len(t.tokens)
 
@@ -126,3 +127,11 @@ def test_prompt_over_limit_is_named(params):
   s = SamplerConfig(max_len=8)
   with pytest.raises(ValueError, match='max_len'):
     Sampler(CFG, TOK, s).rollout(params, [Echo()], jax.random.key(0))
+
+
+def test_word_tokens_are_text_but_specials_are_malformed():
+  tok = ByteTokenizer(('plus',))
+  sampler = Sampler(CFG, tok, SamplerConfig())
+  assert sampler._text([tok.word_ids['plus'], *b'(3,4)', tok.end_of_message_id]) == ('plus(3,4)', False)
+  text, bad = sampler._text([*b'ans(', tok.role_ids['user'], *b'1)'])
+  assert bad and text.endswith('<special>')

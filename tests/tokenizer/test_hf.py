@@ -1,20 +1,20 @@
 """The Hugging Face tokenizer wrapper, on a BPE tokenizer trained here on a small corpus."""
 
-import json
-
-import numpy as np
+import jax
 import pytest
-import tokenizers
 import transformers
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
+import chatml
+from research.model import transformer
+from research.model.config import ModelConfig
+from research.rl import sft
+from research.rl.env import Step
+from research.rl.sampler import Sampler, SamplerConfig
+from research.rl.trajectory import with_hint
 from research.tokenizer import chat
 from research.tokenizer.base import ByteTokenizer
 from research.tokenizer.hf import HFTokenizer
 
-SPECIALS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>']
-CHATML_JINJA = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CONVERSATION = [
     {'role': 'system', 'content': 'You fix failing tests.'},
     {'role': 'user', 'content': 'def add(a, b):\n    return a - b\n# make test_add pass'},
@@ -24,26 +24,9 @@ CONVERSATION = [
 ]
 
 
-def _corpus(n=300, seed=0):
-  rng = np.random.RandomState(seed)
-  words = ['def', 'return', 'assert', 'import', 'class', 'self', 'test', 'value', 'print', 'for',
-           'in', 'range', 'if', 'else', 'None', 'True', 'x', 'y', '(', ')', ':', '=', '+', '-']
-  return [' '.join(rng.choice(words, 12)) + '\n    ' + ' '.join(rng.choice(words, 6)) for _ in range(n)]
-
-
 @pytest.fixture(scope='module')
 def folder(tmp_path_factory):
-  tok = tokenizers.Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(_corpus(), trainers.BpeTrainer(
-      vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  path = tmp_path_factory.mktemp('tok')
-  tok.save(str(path / 'tokenizer.json'))
-  with open(path / 'tokenizer_config.json', 'w') as f:
-    json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'eos_token': '<|im_end|>',
-               'pad_token': '<|endoftext|>', 'chat_template': CHATML_JINJA}, f)
-  return path
+  return chatml.tokenizer_folder(tmp_path_factory.mktemp('tok'))
 
 
 def test_roundtrip_and_ids(folder):
@@ -99,3 +82,50 @@ def test_bad_chat_format_is_rejected(folder):
                                         '<|im_end|>'))
   with pytest.raises(FileNotFoundError, match='tokenizer.json'):
     HFTokenizer(str(folder / 'nope'))
+
+
+def test_rollouts_and_hinted_contexts_follow_the_chat_template(folder):
+  """A multi-turn rollout's ids, and the teacher's hinted context, are the template's text exactly."""
+  tok, ref = HFTokenizer(str(folder)), transformers.AutoTokenizer.from_pretrained(str(folder))
+  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                    head_dim=16, d_ff=64, num_experts=4, num_experts_per_tok=2, d_expert=32, moe_impl='dense')
+  scfg = SamplerConfig(max_turn_tokens=6, max_turns=4, max_len=256, max_obs_tokens=12)
+
+  class Tool:  # Three observations (one over max_obs_tokens, so truncated), then the episode ends.
+    prompt = CONVERSATION[:2]
+    n = 0
+
+    def step(self, message):
+      self.n += 1
+      return Step(None, True, 1.0) if self.n == 4 else Step(f'result {self.n}' * (4 if self.n == 2 else 1), False)
+
+  trajs, st = Sampler(cfg, tok, scfg).rollout(transformer.init(cfg, jax.random.key(0)), [Tool(), Tool()],
+                                              jax.random.key(1))
+  assert st.obs_truncated == 2
+  for t in trajs:
+    conv = list(Tool.prompt)
+    for i, m in enumerate(t.messages):
+      body = t.tokens[m.start:m.end]
+      content = ref.decode(body[:-1] if body[-1] == tok.end_of_message_id else body, skip_special_tokens=False)
+      conv.append({'role': 'assistant', 'content': content})
+      if i < len(t.observations):
+        obs = t.observations[i]
+        conv.append({'role': 'tool', 'content': obs if len(tok.encode(obs)) <= 12 else
+                     '...' + tok.decode(tok.encode(obs)[-12:])})
+    text = ref.decode(t.tokens, skip_special_tokens=False)
+    full = ref.apply_chat_template(conv, tokenize=False)
+    assert full.startswith(text) and full[len(text):] in ('\n', '<|im_end|>\n')
+    ctx = with_hint(tok, t, 2, 'Reminder: check the import.')
+    hinted = ref.apply_chat_template([*conv[:6], {'role': 'system', 'content': 'Reminder: check the import.'},
+                                      conv[6]], tokenize=False)
+    assert hinted.startswith(ref.decode(ctx.tokens, skip_special_tokens=False))
+    assert ctx.tokens[ctx.target[0]:ctx.target[1]] == t.tokens[t.messages[2].start:t.messages[2].end]
+
+
+def test_warm_start_trains_content_and_suffix_not_the_role_header(folder):
+  tok = HFTokenizer(str(folder))
+  conv = [*CONVERSATION[:2], {'role': 'assistant', 'content': 'ok', 'loss': True}]
+  ids, loss = sft.render(tok, conv)
+  assert ids == chat.render(tok, conv)[0]
+  trained = [i for i, l in zip(ids, loss) if l]
+  assert trained == [*tok.encode('ok'), *tok.message_suffix('assistant')]
