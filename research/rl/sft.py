@@ -32,18 +32,38 @@ def render(tok: Tokenizer, conv: list[dict]) -> tuple[list[int], list[bool]]:
   return ids, loss
 
 
-def batch(tok: Tokenizer, convs: list[list[dict]], seq_len: int) -> dict:
-  """One conversation per row, right-padded to a multiple of 32; rows longer than seq_len are cut."""
-  b, rendered = len(convs), [render(tok, conv) for conv in convs]
-  t = min(seq_len, -(-max(len(ids) for ids, _ in rendered) // 32) * 32)
-  out = {k: np.zeros((b, t), np.int32) for k in ('tokens', 'targets', 'segment_ids', 'loss_mask')}
+def batch(tok: Tokenizer, convs: list[list[dict]], seq_len: int, row_multiple: int = 4) -> dict:
+  """Conversations packed into rows of seq_len (first fit, longest first; one segment id each).
+
+  Packing keeps the loss what it is per conversation (attention stays inside a segment, RoPE is
+  relative, a segment's last token has no target) and spends no compute on padding: toolcalc's
+  demonstrations average half a row. The row count is rounded up to `row_multiple`, so a run
+  compiles a few shapes. Conversations longer than seq_len are cut.
+  """
+  rendered = sorted((render(tok, conv) for conv in convs), key=lambda r: -len(r[0]))
+  rows: list[list[tuple[list[int], list[bool]]]] = []
+  free: list[int] = []
+  for ids, loss in rendered:
+    ids, loss = ids[:seq_len], loss[:seq_len]
+    r = next((i for i, f in enumerate(free) if f >= len(ids)), None)
+    if r is None:
+      rows.append([])
+      free.append(seq_len)
+      r = len(rows) - 1
+    rows[r].append((ids, loss))
+    free[r] -= len(ids)
+  b = -(-len(rows) // row_multiple) * row_multiple
+  out = {k: np.zeros((b, seq_len), np.int32) for k in ('tokens', 'targets', 'segment_ids', 'loss_mask')}
   out['tokens'][:] = tok.pad_id
-  for r, (ids, loss) in enumerate(rendered):
-    n = min(len(ids), t)
-    out['tokens'][r, :n] = ids[:n]
-    out['segment_ids'][r, :n] = 1
-    out['targets'][r, :n - 1] = ids[1:n]
-    out['loss_mask'][r, :n - 1] = loss[1:n]
+  for r, row in enumerate(rows):
+    off = 0
+    for seg, (ids, loss) in enumerate(row, 1):
+      n = len(ids)
+      out['tokens'][r, off:off + n] = ids
+      out['segment_ids'][r, off:off + n] = seg
+      out['targets'][r, off:off + n - 1] = ids[1:]
+      out['loss_mask'][r, off:off + n - 1] = loss[1:]
+      off += n
   return out
 
 

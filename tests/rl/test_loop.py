@@ -35,7 +35,6 @@ def _tiny(steps=2) -> ml_collections.ConfigDict:
   c.checkpoint_every, c.tensorboard = 1, False
   c.env.max_ops = 1
   c.critic.rules = ('unknown_tool', 'wrong_tool', 'malformed_call')  # An untrained model is malformed.
-  c.optimizer.name = 'muon'         # The RL update runs on research/optim's Muon.
   return c
 
 
