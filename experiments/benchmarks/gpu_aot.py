@@ -34,15 +34,13 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.experimental import topologies
 
-from experiments.benchmarks.muon import moe_tree
+from experiments.benchmarks import muon as muon_bench
 from research.model import moe
 from research.model.config import ModelConfig
 from research.model.layers import materialize
 from research.optim import hlo_stats
-from research.optim import muon as muon_lib
 from research.parallel import mesh as mesh_lib
 from research.parallel import sharding as sharding_lib
 
@@ -61,19 +59,13 @@ def gpu_topology(target_config: str, topology: str = '1x1x8'):
 def muon_programs(devices, mesh_spec, chunk_bytes):
   """name -> compiled optimizer update (params and state sharded alike), from shapes only."""
   mesh = mesh_lib.make_mesh(mesh_spec, devices)
-  shapes, axes, dims = moe_tree()
+  shapes, axes, dims = muon_bench.moe_tree()
   shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
-  variants = {
-      # ns_dtype follows the target (muon's default looks at the default backend: CPU here).
-      'muon_ours': muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, weight_decay=0.1, mesh=mesh,
-                                 shardings=shardings, ns_dtype=jnp.bfloat16, chunk_bytes=chunk_bytes),
-      'muon_optax': optax.contrib.muon(0.02, muon_weight_dimension_numbers=dims, weight_decay=0.1),
-  }
-  for name, opt in variants.items():
+  # ns_dtype follows the target (muon's default looks at the default backend: CPU here).
+  for name, variant in (('muon_ours', 'ours_bf16'), ('muon_optax', 'optax')):
+    opt = muon_bench.build(variant, mesh, shardings, dims, chunk_bytes=chunk_bytes)
     state = jax.eval_shape(opt.init, shapes)
-    state_sh = muon_lib.state_shardings(state, shapes, shardings, mesh)
-    update = jax.jit(opt.update, in_shardings=(shardings, state_sh, shardings),
-                     out_shardings=(shardings, state_sh))
+    update, _ = muon_bench.sharded_update(opt, mesh, shapes, state, shardings)
     yield name, update.lower(shapes, state, shapes).compile()
 
 

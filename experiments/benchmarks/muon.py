@@ -89,22 +89,27 @@ def random_tree(shapes, shardings, seed):
       shapes, shardings)
 
 
-def build(name, mesh, shardings, dims):
-  """The optimizer of one variant."""
+def build(name, mesh, shardings, dims, **kw):
+  """The optimizer of one variant; `kw` goes to our muon (e.g. chunk_bytes)."""
   if name == 'optax':
     return optax.contrib.muon(0.02, muon_weight_dimension_numbers=dims, weight_decay=0.1)
   extra = {'ours': {}, 'ours_bf16': {'ns_dtype': jnp.bfloat16},
            'allgather': {'exchange': 'all_gather'}}[name]
   return muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, weight_decay=0.1, mesh=mesh,
-                       shardings=shardings, **extra)
+                       shardings=shardings, **extra, **kw)
+
+
+def sharded_update(opt, mesh, params, state, shardings):
+  """(jitted update with params and state sharded alike, the state's shardings)."""
+  state_sh = muon_lib.state_shardings(state, params, shardings, mesh)
+  return jax.jit(opt.update, in_shardings=(shardings, state_sh, shardings),
+                 out_shardings=(shardings, state_sh)), state_sh
 
 
 def compile_update(opt, mesh, params, shardings):
-  """(compiled update, its state); the state is sharded like the params."""
+  """(lowered update, compiled update, its state); the state is sharded like the params."""
   state = jax.jit(opt.init)(params)
-  state_sh = muon_lib.state_shardings(state, params, shardings, mesh)
-  update = jax.jit(opt.update, in_shardings=(shardings, state_sh, shardings),
-                   out_shardings=(shardings, state_sh))
+  update, state_sh = sharded_update(opt, mesh, params, state, shardings)
   lowered = update.lower(params, state, params)
   return lowered, lowered.compile(), jax.device_put(state, state_sh)
 

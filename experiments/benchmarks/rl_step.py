@@ -8,6 +8,9 @@ python -m experiments.benchmarks.rl_step --init_checkpoint=/tmp/toolcalc_rl   # 
    the whole buffer for every new token. Same model, batch, sampling; compile time excluded.
 2. An RL step on toolcalc (experiments/toolcalc_rl.py), split into sampling, environment, critic,
    teacher pass and update; means over steps after the first two (which compile).
+3. Warm-start batches: token slots per step with conversations packed into rows (research/rl/sft.py)
+   vs one conversation per row padded to the longest (rounded up to 32), over the same 200 steps of
+   demonstrations; a count, not a timing.
 """
 
 import functools
@@ -22,7 +25,7 @@ import numpy as np
 from experiments import toolcalc_rl
 from research.model import decode, transformer
 from research.model.config import ModelConfig
-from research.rl import loop, sampler as sampler_lib, teacher as teacher_lib
+from research.rl import loop, sampler as sampler_lib, sft, teacher as teacher_lib
 
 _JSON = flags.DEFINE_string('json', None, 'Also write the numbers here.')
 _BATCH = flags.DEFINE_integer('batch', 8, 'Rows generated at once.')
@@ -98,12 +101,27 @@ def bench_rl_step(steps: int, init: str, workdir: str, sft_steps: int) -> dict:
           'rollout_tokens_per_s': float(np.mean([r['rollout_tokens_per_s'] for r in timed]))}
 
 
+def bench_sft_packing(steps: int = 200) -> dict:
+  c = toolcalc_rl.get_config()
+  runner = loop.Runner(c, _WORKDIR.value)
+  demos, rng, seq = loop._demos(c), np.random.default_rng(0), c.sampler.max_len
+  packed = one_per_row = 0
+  for _ in range(steps):
+    convs = demos(rng, c.sft.batch_size)
+    packed += sft.batch(runner.tok, convs, seq)['tokens'].size
+    longest = max(len(sft.render(runner.tok, conv)[0]) for conv in convs)
+    one_per_row += len(convs) * min(seq, -(-longest // 32) * 32)
+  return {'packed_slots_per_step': packed / steps, 'one_per_row_slots_per_step': one_per_row / steps,
+          'saved_fraction': 1 - packed / one_per_row}
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   cfg = loop.model_config.from_dict(toolcalc_rl.get_config().model.to_dict())
   res = {'generation': bench_generation(cfg, _BATCH.value, _NEW.value),
-         'rl_step': bench_rl_step(_STEPS.value, _INIT.value, _WORKDIR.value, _SFT_STEPS.value)}
+         'rl_step': bench_rl_step(_STEPS.value, _INIT.value, _WORKDIR.value, _SFT_STEPS.value),
+         'sft_packing': bench_sft_packing()}
   g, r = res['generation'], res['rl_step']
   print(f'generation, batch {_BATCH.value}, {_NEW.value} new tokens: KV cache '
         f'{g["kv_cache"]["tokens_per_s"]:.0f} tok/s, recompute {g["recompute"]["tokens_per_s"]:.0f} tok/s, '
@@ -112,6 +130,9 @@ def main(argv):
                                           for k, v in r['per_phase_s'].items()))
   print(f'teacher pass / sampling = {r["teacher_over_sampling"]:.2f} '
         f'({r["feedback_per_step"]:.0f} hints per step of {r["rollouts_per_step"]} rollouts)')
+  p = res['sft_packing']
+  print(f'warm-start token slots per step: packed {p["packed_slots_per_step"]:.0f}, one conversation per row '
+        f'{p["one_per_row_slots_per_step"]:.0f} ({p["saved_fraction"]:.0%} fewer)')
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(res, f, indent=1)

@@ -160,6 +160,7 @@ class Sampler:
     seqs = [(tok.end_of_message_id,), *s.stop_seqs]
     width = max(len(q) for q in seqs)
     self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
+    self._specials = set(getattr(tok, 'special_ids', {}).values())
 
   def _pad(self, rows: list[list[int] | None]):
     t = _round_up(max([len(r) for r in rows if r] + [1]), self.s.bucket)
@@ -173,8 +174,7 @@ class Sampler:
   def _text(self, ids) -> tuple[str, bool]:
     """The message text; a special token inside the content makes it unparseable on purpose."""
     body = list(ids[:-1]) if len(ids) and ids[-1] == self.tok.end_of_message_id else list(ids)
-    specials = set(getattr(self.tok, 'special_ids', {}).values())
-    bad = any(i in specials or not 0 <= i < self.tok.vocab_size for i in body)
+    bad = any(i in self._specials or not 0 <= i < self.tok.vocab_size for i in body)
     return self.tok.decode(body) + ('\x00<special>' if bad else ''), bad
 
   def rollout(self, params, episodes, key, *, tasks=None, groups=None):
