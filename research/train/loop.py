@@ -189,7 +189,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
         elapsed = time.perf_counter() - t0
         tokens_per_s = sum(float(m['tokens']) for m in fetched[untimed:]) / elapsed
         row = {k: float(v) for k, v in fetched[-1].items()}
-        row.update(loss=float(np.mean([m['loss'] for m in fetched])), tokens_per_s=tokens_per_s)
+        # In float64 from Python floats: after a resume, `pending` holds floats read back from the
+        # checkpoint, and a float32 mean would then differ in the last bits from an unbroken run.
+        row.update(loss=float(np.mean([float(m['loss']) for m in fetched])), tokens_per_s=tokens_per_s)
         if peak:
           row['mfu'] = flops_lib.mfu(tokens_per_s, flops, jax.device_count(), peak)
         pending, untimed = [], 0
