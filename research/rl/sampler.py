@@ -14,6 +14,8 @@ contiguous sequence a full forward over its trajectory sees.
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ import numpy as np
 from research.model import decode
 from research.model.config import ModelConfig
 from research.model.transformer import forward
+from research.rl.env import Episode, Step
 from research.rl.trajectory import Trajectory
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
@@ -139,15 +142,78 @@ _extend_jit = jax.jit(extend, static_argnames=('cfg',), donate_argnums=3)
 _generate_jit = jax.jit(generate, static_argnames=('cfg', 's', 'pad_id'), donate_argnums=1)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RolloutStats:
-  sample_s: float = 0.0
-  env_s: float = 0.0
-  new_tokens: int = 0
-  faults: int = 0
-  truncated: int = 0
-  obs_truncated: int = 0
-  malformed_tokens: int = 0         # Messages carrying special tokens inside their content.
+  sample_s: float
+  env_s: float
+  new_tokens: int
+  faults: int
+  truncated: int
+  obs_truncated: int
+  malformed_tokens: int             # Messages carrying special tokens inside their content.
+
+
+@dataclasses.dataclass(frozen=True)
+class _EnvCall:
+  """One call into an episode: the Step it returned, or the fault it raised (masked, never a crash)."""
+  step: Step | None
+  fault: str | None
+  seconds: float
+
+
+def _call_env(method: Callable[[str], Step], arg: str) -> _EnvCall:
+  t0 = time.perf_counter()
+  try:
+    step = method(arg)
+  except Exception as e:  # noqa: BLE001 - an environment fault is masked, never a crash.
+    return _EnvCall(None, f'{type(e).__name__}: {e}', time.perf_counter() - t0)
+  return _EnvCall(step, None, time.perf_counter() - t0)
+
+
+def _end(traj: Trajectory, call: _EnvCall) -> None:
+  """Scores a trajectory on its final Step, or records the fault that ended it."""
+  if call.fault is not None:
+    traj.fault = call.fault
+  else:
+    traj.reward, traj.success, traj.done = float(call.step.reward), bool(call.step.success), True
+
+
+def _close(episode: Episode, traj: Trajectory, reason: str) -> float:
+  """Cuts an episode short ('context' or 'turns'), which scores it. Returns seconds in the env."""
+  call = _call_env(episode.close, reason)
+  _end(traj, call)
+  return call.seconds
+
+
+def _live(trajs: list[Trajectory]) -> np.ndarray:
+  return np.array([not t.done and t.fault is None for t in trajs])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cache:
+  """The batch's KV cache, the logits after the last prefill and how many cache slots are written."""
+  cache: Any
+  logits_BxV: jax.Array | None
+  used: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sampled:
+  """One turn's messages on the host (research/rl/sampler.generate)."""
+  tokens_BxM: np.ndarray
+  logp_BxM: np.ndarray
+  n_B: np.ndarray
+  routes_LxBxMxK: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+  """What one row's message led to: the ids to prefill next (None: the episode ended)."""
+  obs: list[int] | None
+  env_s: float
+  new_tokens: int
+  malformed: bool
+  obs_truncated: bool
 
 
 class Sampler:
@@ -179,101 +245,123 @@ class Sampler:
 
   def rollout(self, params, episodes, key, *, tasks=None, groups=None):
     """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
-    s, tok, b = self.s, self.tok, len(episodes)
-    st, t0 = RolloutStats(), time.perf_counter()
-    prompts = [chat.render(tok, ep.prompt, add_generation_prompt=True)[0] for ep in episodes]
-    long = [len(p) for p in prompts if len(p) >= s.max_len]
-    if long:
-      raise ValueError(f'prompt of {long[0]} tokens does not fit sampler.max_len={s.max_len}')
-    trajs = [Trajectory.from_prompt(p, task=None if tasks is None else tasks[i], prompt=episodes[i].prompt,
-                                    group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
-    cache = decode.init_cache(self.cfg, b, s.cache_len)
-    ids, mask = self._pad(prompts)
-    logits, cache, routes = self._extend(params, ids, mask, cache)
-    if s.record_routes:
-      routes = np.asarray(routes)
-      for r, t in enumerate(trajs):
-        t.routes = list(routes[:, r, :len(prompts[r])].transpose(1, 0, 2))
-    live = np.ones(b, bool)
-    used = ids.shape[1]
-
-    def finish(r, step):
-      trajs[r].reward, trajs[r].success, trajs[r].done = float(step.reward), bool(step.success), True
-      live[r] = False
-
-    def close(r, reason):
-      te = time.perf_counter()
-      try:
-        finish(r, episodes[r].close(reason))
-      except Exception as e:  # noqa: BLE001 - an environment fault is masked, never a crash.
-        trajs[r].fault, live[r] = f'{type(e).__name__}: {e}', False
-      st.env_s += time.perf_counter() - te
-
-    for turn in range(s.max_turns):
-      budget = np.array([min(s.max_turn_tokens, s.max_len - len(t.tokens)) if live[r] else 0
-                         for r, t in enumerate(trajs)], np.int32)
-      for r in np.flatnonzero(live & (budget <= 0)):
-        trajs[r].truncated = True
-        close(r, 'context')
-      if not live.any():
+    t0 = time.perf_counter()
+    trajs = self._trajectories(episodes, tasks, groups)
+    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len), None, 0)
+    kv = self._prefill(params, kv, [t.tokens for t in trajs], trajs)
+    replies, close_s = [], 0.0
+    for turn in range(self.s.max_turns):
+      close_s += self._close_full(episodes, trajs)
+      if not _live(trajs).any():
         break
       key, sub = jax.random.split(key)
-      out = self._generate(params, cache, logits, ~live, budget, sub, self.stops)
-      cache = out.pop('cache')
-      out = jax.device_get(out)
-      used += int(out['n'].max())
-      obs = [None] * b
-      for r in np.flatnonzero(live):
-        n = int(out['n'][r])
-        msg_ids = out['tokens'][r, :n]
-        text, bad = self._text(msg_ids)
-        st.malformed_tokens += bad
-        st.new_tokens += n
-        rts = out['routes'][:, r, :n].transpose(1, 0, 2) if s.record_routes else None
-        msg = trajs[r].add_model(msg_ids, out['logp'][r, :n], text, rts)
-        te = time.perf_counter()
-        try:
-          step = episodes[r].step(text)
-        except Exception as e:  # noqa: BLE001 - an environment fault is masked, never a crash.
-          trajs[r].fault, live[r] = f'{type(e).__name__}: {e}', False
-          st.env_s += time.perf_counter() - te
-          continue
-        st.env_s += time.perf_counter() - te
-        msg.info = dict(step.info)
-        if step.done:
-          finish(r, step)
-          continue
-        body = tok.encode(step.observation)
-        if len(body) > s.max_obs_tokens:  # Keep the tail: that is where tracebacks say what broke.
-          st.obs_truncated += 1
-          body = [*tok.encode('...'), *body[-s.max_obs_tokens:]]
-        # Close the model's message (after its own end-of-message only the rest of the suffix,
-        # ChatML's newline; after a cut or another stop sequence all of it), then the observation
-        # and the opening of the next assistant turn: the chat template's ids, token for token.
-        closing = tok.message_suffix('assistant')[int(n > 0 and msg_ids[-1] == tok.end_of_message_id):]
-        o_ids = [*closing, *tok.message_prefix('tool'), *body, *tok.message_suffix('tool'),
-                 *chat.generation_prompt(tok)]
-        if turn == s.max_turns - 1:
-          close(r, 'turns')
-        elif len(trajs[r].tokens) + len(o_ids) >= s.max_len or (
-            used + _round_up(len(o_ids), s.bucket) + s.max_turn_tokens > s.cache_len):
-          trajs[r].truncated = True
-          close(r, 'context')
-        else:
-          obs[r] = o_ids
-          trajs[r].add_observation(o_ids, step.observation)
-      if not any(o is not None for o in obs):
+      kv, turn_replies = self._turn(params, kv, episodes, trajs, sub, turn == self.s.max_turns - 1)
+      replies += [r for r in turn_replies if r is not None]
+      obs = [None if r is None else r.obs for r in turn_replies]
+      if all(o is None for o in obs):
         break
-      ids, mask = self._pad(obs)
-      used += ids.shape[1]
-      logits, cache, routes = self._extend(params, ids, mask, cache)
-      if s.record_routes:
-        routes = np.asarray(routes)
-        for r in np.flatnonzero(mask.any(1)):
-          trajs[r].routes += list(routes[:, r, :len(obs[r])].transpose(1, 0, 2))
+      kv = self._prefill(params, kv, obs, trajs)
+    close_s += sum(_close(episodes[r], trajs[r], 'turns') for r in np.flatnonzero(_live(trajs)))
+    return trajs, _stats(trajs, replies, close_s, time.perf_counter() - t0)
+
+  def _trajectories(self, episodes, tasks, groups) -> list[Trajectory]:
+    """One trajectory per episode, holding its rendered prompt."""
+    prompts = [chat.render(self.tok, ep.prompt, add_generation_prompt=True)[0] for ep in episodes]
+    long = [len(p) for p in prompts if len(p) >= self.s.max_len]
+    if long:
+      raise ValueError(f'prompt of {long[0]} tokens does not fit sampler.max_len={self.s.max_len}')
+    return [Trajectory.from_prompt(p, task=None if tasks is None else tasks[i], prompt=episodes[i].prompt,
+                                   group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
+
+  def _prefill(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
+    """Prefills each row's new ids (None: none) into the cache, recording their routes."""
+    ids, mask = self._pad(rows)
+    logits, cache, routes = self._extend(params, ids, mask, kv.cache)
+    if self.s.record_routes:
+      routes = np.asarray(routes)
+      for r, row in enumerate(rows):
+        if row:
+          trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :len(row)].transpose(1, 0, 2))
+    return _Cache(cache, logits, kv.used + ids.shape[1])
+
+  def _budget(self, traj: Trajectory) -> int:
+    """Tokens the row may sample this turn: the turn's budget within the trajectory's length limit."""
+    return min(self.s.max_turn_tokens, self.s.max_len - len(traj.tokens))
+
+  def _close_full(self, episodes, trajs) -> float:
+    """Closes the live episodes with no room for another message. Returns seconds in the env."""
+    seconds = 0.0
+    for r in np.flatnonzero(_live(trajs)):
+      if self._budget(trajs[r]) <= 0:
+        trajs[r].truncated = True
+        seconds += _close(episodes[r], trajs[r], 'context')
+    return seconds
+
+  def _turn(self, params, kv: _Cache, episodes, trajs, key, last: bool):
+    """Samples a message per live row and hands each to its episode.
+
+    Returns (cache, per row its _Reply, None for a row that had ended before this turn).
+    """
+    live = _live(trajs)
+    budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
+    out = self._generate(params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
+    cache = out.pop('cache')
+    out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
+    kv = _Cache(cache, kv.logits_BxV, kv.used + int(out.n_B.max()))
+    replies = [None] * len(trajs)
     for r in np.flatnonzero(live):
-      close(r, 'turns')
-    st.faults = sum(t.fault is not None for t in trajs)
-    st.truncated = sum(t.truncated for t in trajs)
-    st.sample_s = time.perf_counter() - t0 - st.env_s
-    return trajs, st
+      n = int(out.n_B[r])
+      routes = out.routes_LxBxMxK[:, r, :n].transpose(1, 0, 2) if self.s.record_routes else None
+      replies[r] = self._reply(episodes[r], trajs[r], out.tokens_BxM[r, :n], out.logp_BxM[r, :n], routes,
+                               last, kv.used)
+    return kv, replies
+
+  def _reply(self, episode, traj: Trajectory, ids, logp, routes, last: bool, used: int) -> _Reply:
+    """Appends a model message and steps its episode; ends it, or returns the observation's ids."""
+    text, malformed = self._text(ids)
+    msg = traj.add_model(ids, logp, text, routes)
+    call = _call_env(episode.step, text)
+    if call.step is not None:
+      msg.info = dict(call.step.info)
+    if call.fault is not None or call.step.done:
+      _end(traj, call)
+      return _Reply(None, call.seconds, len(ids), malformed, False)
+    obs, cut = self._observation(call.step.observation, ids)
+    reason = 'turns' if last else self._over_context(traj, obs, used)
+    if reason:
+      traj.truncated = reason == 'context'
+      return _Reply(None, call.seconds + _close(episode, traj, reason), len(ids), malformed, cut)
+    traj.add_observation(obs, call.step.observation)
+    return _Reply(obs, call.seconds, len(ids), malformed, cut)
+
+  def _observation(self, observation: str, msg_ids) -> tuple[list[int], bool]:
+    """Ids after a model message: its closing, the observation and the next assistant turn's opening.
+
+    Returns (ids, whether the observation was cut to its tail).
+    """
+    tok, keep = self.tok, self.s.max_obs_tokens
+    body = tok.encode(observation)
+    cut = len(body) > keep
+    if cut:  # Keep the tail: that is where tracebacks say what broke.
+      body = [*tok.encode('...'), *body[-keep:]]
+    # After the model's own end-of-message only the rest of the suffix (ChatML's newline); after a
+    # cut or another stop sequence all of it. Then the chat template's ids, token for token.
+    closing = tok.message_suffix('assistant')[int(len(msg_ids) > 0 and msg_ids[-1] == tok.end_of_message_id):]
+    return [*closing, *tok.message_prefix('tool'), *body, *tok.message_suffix('tool'),
+            *chat.generation_prompt(tok)], cut
+
+  def _over_context(self, traj: Trajectory, obs: list[int], used: int) -> str | None:
+    """'context' when the observation or the next message would not fit the length or the cache."""
+    s = self.s
+    if len(traj.tokens) + len(obs) >= s.max_len or (
+        used + _round_up(len(obs), s.bucket) + s.max_turn_tokens > s.cache_len):
+      return 'context'
+    return None
+
+
+def _stats(trajs: list[Trajectory], replies: list[_Reply], close_s: float, seconds: float) -> RolloutStats:
+  env_s = close_s + sum(r.env_s for r in replies)
+  return RolloutStats(
+      sample_s=seconds - env_s, env_s=env_s, new_tokens=sum(r.new_tokens for r in replies),
+      faults=sum(t.fault is not None for t in trajs), truncated=sum(t.truncated for t in trajs),
+      obs_truncated=sum(r.obs_truncated for r in replies), malformed_tokens=sum(r.malformed for r in replies))
