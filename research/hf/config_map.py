@@ -110,6 +110,27 @@ def fp8_block_size(hf: Mapping[str, Any]) -> tuple[int, int] | None:
   return block
 
 
+class _Reader:
+  """Reads config.json fields, remembering which were read (any field left unread is an error)."""
+
+  def __init__(self, hf: Mapping[str, Any], ignore_fields: Iterable[str]):
+    self.hf = hf
+    self.read = set(HARMLESS) | set(ignore_fields)
+
+  def take(self, key: str, default=None, *aliases):
+    for k in (key, *aliases):
+      if k in self.hf:
+        self.read.add(k)
+        return self.hf[k]
+    return default
+
+  def require(self, key: str, allowed: tuple, default):
+    value = self.take(key, default)
+    if value not in allowed:
+      _err(key, value, f'only {allowed} is implemented')
+    return value
+
+
 def from_hf(hf: Mapping[str, Any], ignore_fields: Iterable[str] = ()) -> ModelConfig:
   """A parsed config.json -> ModelConfig (architecture fields; training knobs keep their defaults).
 
@@ -119,81 +140,83 @@ def from_hf(hf: Mapping[str, Any], ignore_fields: Iterable[str] = ()) -> ModelCo
   if model_type not in MODEL_TYPES:
     _err('model_type', model_type, f'unsupported; supported: {sorted(MODEL_TYPES)}')
   family = MODEL_TYPES[model_type]
-  used = set(HARMLESS) | set(ignore_fields)
-
-  def get(key, default=None, *aliases):
-    for k in (key, *aliases):
-      if k in hf:
-        used.add(k)
-        return hf[k]
-    return default
-
-  def require(key, allowed, default):
-    value = get(key, default)
-    if value not in allowed:
-      _err(key, value, f'only {allowed} is implemented')
-    return value
-
-  require('hidden_act', ('silu',), 'silu')
-  require('attention_bias', (False,), False)
-  used.update({'rope_parameters', 'rope_scaling', 'rope_theta', 'original_max_position_embeddings'})
-  d = dict(
-      vocab_size=get('vocab_size'), d_model=get('hidden_size'), num_layers=get('num_hidden_layers'),
-      num_heads=get('num_attention_heads'), norm_eps=float(get('rms_norm_eps', 1e-6)),
-      d_ff=get('intermediate_size'), d_expert=get('moe_intermediate_size'),
-      num_experts_per_tok=get('num_experts_per_tok'), **_rope(hf, family))
-  if family == QWEN3_MOE:
-    heads = d['num_heads']
-    if get('use_sliding_window', False):
-      _err('use_sliding_window', True, 'sliding-window attention is not implemented')
-    used.update({'sliding_window', 'max_window_layers'})
-    if get('decoder_sparse_step', 1) != 1:
-      _err('decoder_sparse_step', hf['decoder_sparse_step'], 'only 1 (every layer MoE) is implemented')
-    dense = sorted(get('mlp_only_layers', None) or [])
-    if dense != list(range(len(dense))):
-      _err('mlp_only_layers', dense, 'only a prefix [0..k-1] of dense layers is implemented')
-    d.update(attention='gqa', num_kv_heads=get('num_key_value_heads', heads),
-             head_dim=get('head_dim', d['d_model'] // heads), qk_norm=True, rope_interleaved=False,
-             first_k_dense=len(dense), num_experts=get('num_experts', None, 'num_local_experts'),
-             num_shared_experts=0, router='softmax', norm_topk_prob=bool(get('norm_topk_prob', False)))
-  else:
-    require('scoring_func', ('sigmoid',), 'sigmoid')
-    require('topk_method', ('noaux_tc',), 'noaux_tc')
-    require('moe_layer_freq', (1,), 1)
-    if d['norm_eps'] != 1e-6:  # transformers builds q_a_layernorm / kv_a_layernorm with eps=1e-6.
-      _err('rms_norm_eps', d['norm_eps'], 'DeepSeek-V3 latent norms use 1e-6 in transformers; other '
-           'values would need a separate eps for them')
-    heads = d['num_heads']
-    kv_heads = get('num_key_value_heads', heads)
-    if kv_heads != heads:
-      _err('num_key_value_heads', kv_heads, f'MLA needs it equal to num_attention_heads={heads}')
-    nope, rope_dim = get('qk_nope_head_dim'), get('qk_rope_head_dim')
-    for key, want in (('head_dim', rope_dim), ('qk_head_dim', nope + rope_dim)):
-      if get(key, want) != want:
-        _err(key, hf[key], f'transformers derives it as {want}')
-    d.update(attention='mla', q_lora_rank=get('q_lora_rank') or 0, kv_lora_rank=get('kv_lora_rank'),
-             qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=get('v_head_dim'),
-             rope_interleaved=bool(get('rope_interleave', True)),
-             first_k_dense=get('first_k_dense_replace', 0),
-             num_experts=get('n_routed_experts', None, 'num_local_experts'),
-             num_shared_experts=get('n_shared_experts', 0), router='sigmoid',
-             norm_topk_prob=bool(get('norm_topk_prob', True)), n_group=get('n_group', 1) or 1,
-             topk_group=get('topk_group', 1) or 1,
-             routed_scaling_factor=float(get('routed_scaling_factor', 1.0)))
+  r = _Reader(hf, ignore_fields)
+  d = _common_fields(r, family)
+  d.update(_qwen3_fields(r, d) if family == QWEN3_MOE else _deepseek_fields(r, d))
   fp8_block_size(hf)
-  unknown = sorted(set(hf) - used)
+  unknown = sorted(set(hf) - r.read)
   if unknown:
     _err(unknown[0], hf[unknown[0]], f'field not understood for model_type={model_type!r} (it may change '
          f'the math; pass ignore_fields/--ignore_fields if it does not). All unknown: {unknown}')
   missing = sorted(k for k, v in d.items() if v is None)
   if missing:
     _err(missing[0], None, 'required field missing')
+  dtype = _dtype(hf)
+  return ModelConfig(**d, param_dtype=dtype, dtype=dtype).validate()
+
+
+def _common_fields(r: _Reader, family: str) -> dict:
+  """The fields both families spell alike, and RoPE."""
+  r.require('hidden_act', ('silu',), 'silu')
+  r.require('attention_bias', (False,), False)
+  r.read.update({'rope_parameters', 'rope_scaling', 'rope_theta', 'original_max_position_embeddings'})
+  return dict(
+      vocab_size=r.take('vocab_size'), d_model=r.take('hidden_size'), num_layers=r.take('num_hidden_layers'),
+      num_heads=r.take('num_attention_heads'), norm_eps=float(r.take('rms_norm_eps', 1e-6)),
+      d_ff=r.take('intermediate_size'), d_expert=r.take('moe_intermediate_size'),
+      num_experts_per_tok=r.take('num_experts_per_tok'), **_rope(r.hf, family))
+
+
+def _qwen3_fields(r: _Reader, d: dict) -> dict:
+  """Qwen3-MoE: GQA with q/k norms, softmax router, optional leading dense layers."""
+  heads = d['num_heads']
+  if r.take('use_sliding_window', False):
+    _err('use_sliding_window', True, 'sliding-window attention is not implemented')
+  r.read.update({'sliding_window', 'max_window_layers'})
+  if r.take('decoder_sparse_step', 1) != 1:
+    _err('decoder_sparse_step', r.hf['decoder_sparse_step'], 'only 1 (every layer MoE) is implemented')
+  dense = sorted(r.take('mlp_only_layers', None) or [])
+  if dense != list(range(len(dense))):
+    _err('mlp_only_layers', dense, 'only a prefix [0..k-1] of dense layers is implemented')
+  return dict(attention='gqa', num_kv_heads=r.take('num_key_value_heads', heads),
+              head_dim=r.take('head_dim', d['d_model'] // heads), qk_norm=True, rope_interleaved=False,
+              first_k_dense=len(dense), num_experts=r.take('num_experts', None, 'num_local_experts'),
+              num_shared_experts=0, router='softmax', norm_topk_prob=bool(r.take('norm_topk_prob', False)))
+
+
+def _deepseek_fields(r: _Reader, d: dict) -> dict:
+  """DeepSeek-V3 / Kimi K2: MLA, sigmoid router with group-limited routing, shared experts."""
+  r.require('scoring_func', ('sigmoid',), 'sigmoid')
+  r.require('topk_method', ('noaux_tc',), 'noaux_tc')
+  r.require('moe_layer_freq', (1,), 1)
+  if d['norm_eps'] != 1e-6:  # transformers builds q_a_layernorm / kv_a_layernorm with eps=1e-6.
+    _err('rms_norm_eps', d['norm_eps'], 'DeepSeek-V3 latent norms use 1e-6 in transformers; other '
+         'values would need a separate eps for them')
+  heads = d['num_heads']
+  kv_heads = r.take('num_key_value_heads', heads)
+  if kv_heads != heads:
+    _err('num_key_value_heads', kv_heads, f'MLA needs it equal to num_attention_heads={heads}')
+  nope, rope_dim = r.take('qk_nope_head_dim'), r.take('qk_rope_head_dim')
+  for key, want in (('head_dim', rope_dim), ('qk_head_dim', nope + rope_dim)):
+    if r.take(key, want) != want:
+      _err(key, r.hf[key], f'transformers derives it as {want}')
+  return dict(attention='mla', q_lora_rank=r.take('q_lora_rank') or 0, kv_lora_rank=r.take('kv_lora_rank'),
+              qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=r.take('v_head_dim'),
+              rope_interleaved=bool(r.take('rope_interleave', True)),
+              first_k_dense=r.take('first_k_dense_replace', 0),
+              num_experts=r.take('n_routed_experts', None, 'num_local_experts'),
+              num_shared_experts=r.take('n_shared_experts', 0), router='sigmoid',
+              norm_topk_prob=bool(r.take('norm_topk_prob', True)), n_group=r.take('n_group', 1) or 1,
+              topk_group=r.take('topk_group', 1) or 1,
+              routed_scaling_factor=float(r.take('routed_scaling_factor', 1.0)))
+
+
+def _dtype(hf: Mapping[str, Any]) -> str:
+  """Parameter dtype: the checkpoint's when it is float32 or bfloat16, else float32."""
   dtype = str(hf.get('torch_dtype', hf.get('dtype', 'float32')) or 'float32')
   if hf.get('quantization_config'):
     dtype = 'bfloat16'  # Quantized weights are dequantized to bfloat16 on import.
-  if dtype not in ('float32', 'bfloat16'):
-    dtype = 'float32'
-  return ModelConfig(**d, param_dtype=dtype, dtype=dtype).validate()
+  return dtype if dtype in ('float32', 'bfloat16') else 'float32'
 
 
 def family_of(cfg: ModelConfig) -> str:

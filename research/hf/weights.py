@@ -106,76 +106,97 @@ def leaf_shapes(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
   return out
 
 
+Shapes = Mapping[tuple[str, ...], tuple[int, ...]]
+_MLP = (('gate', 'wi_gate'), ('up', 'wi_up'), ('down', 'wo'))  # HF projection -> our leaf.
+
+
 def rules(cfg: ModelConfig, layout: str = PER_EXPERT, tied_embeddings: bool = False) -> list[Rule]:
   """Every (HF tensor, our block) pair of a model, in HF checkpoint order."""
   if layout not in LAYOUTS:
     raise ValueError(f'expert layout {layout!r}: expected one of {LAYOUTS}')
   family = config_map.family_of(cfg)
   shapes = leaf_shapes(cfg)
-  out = []
-
-  def add(hf, leaf, index, kind, hf_shape, rows=None):
-    block = shapes[leaf][len(index):]
-    out.append(Rule(hf, tuple(hf_shape), leaf, tuple(index), block, kind, rows))
-
-  def linear(hf, leaf, index, n_in=1):
-    """HF (out, in) weight of our block (*in_dims, *out_dims), the first n_in dims being inputs."""
-    block = shapes[leaf][len(index):]
-    add(hf, leaf, index, 'T', (int(np.prod(block[n_in:])), int(np.prod(block[:n_in]))))
-
-  def same(hf, leaf, index):
-    """A tensor stored as is (norm scales, embedding, router bias)."""
-    add(hf, leaf, index, 'id', shapes[leaf][len(index):])
-
-  d, e, f = cfg.d_model, cfg.num_experts, cfg.d_expert
-  same('model.embed_tokens.weight', ('embed', 'embedding'), ())
+  out = [_same(shapes, 'model.embed_tokens.weight', ('embed', 'embedding'), ())]
   for i in range(cfg.num_layers):
-    dense = i < cfg.first_k_dense
-    stack = 'dense_layers' if dense else 'moe_layers'
-    l = (i if dense else i - cfg.first_k_dense,)
-    p = f'model.layers.{i}.'
-    same(p + 'input_layernorm.weight', (stack, 'attn_norm'), l)
-    a = p + 'self_attn.'
-    if cfg.attention == 'gqa':
-      for n in ('q', 'k', 'v'):
-        linear(f'{a}{n}_proj.weight', (stack, 'attn', n), l)
-      linear(a + 'o_proj.weight', (stack, 'attn', 'o'), l, n_in=2)  # (H, Dh) in, D out.
-      if cfg.qk_norm:
-        same(a + 'q_norm.weight', (stack, 'attn', 'q_norm'), l)
-        same(a + 'k_norm.weight', (stack, 'attn', 'k_norm'), l)
-    else:
-      if cfg.q_lora_rank:
-        linear(a + 'q_a_proj.weight', (stack, 'attn', 'q_a'), l)
-        same(a + 'q_a_layernorm.weight', (stack, 'attn', 'q_a_norm'), l)
-        linear(a + 'q_b_proj.weight', (stack, 'attn', 'q_b'), l)
-      else:
-        linear(a + 'q_proj.weight', (stack, 'attn', 'q'), l)
-      linear(a + 'kv_a_proj_with_mqa.weight', (stack, 'attn', 'kv_a'), l)
-      same(a + 'kv_a_layernorm.weight', (stack, 'attn', 'kv_a_norm'), l)
-      linear(a + 'kv_b_proj.weight', (stack, 'attn', 'kv_b'), l)
-      linear(a + 'o_proj.weight', (stack, 'attn', 'o'), l, n_in=2)
-    same(p + 'post_attention_layernorm.weight', (stack, 'mlp_norm'), l)
-    m = p + 'mlp.'
-    if dense:
-      for n, ours in (('gate', 'wi_gate'), ('up', 'wi_up'), ('down', 'wo')):
-        linear(f'{m}{n}_proj.weight', (stack, 'mlp', ours), l)
-      continue
-    linear(m + 'gate.weight', (stack, 'moe', 'router'), l)
-    if family == config_map.DEEPSEEK_V3:
-      same(m + 'gate.e_score_correction_bias', (stack, 'moe', 'router_bias'), l)
-    if layout == FUSED:
-      add(m + 'experts.gate_up_proj', (stack, 'moe', 'wi_gate'), l, 'T', (e, 2 * f, d), (0, f))
-      add(m + 'experts.gate_up_proj', (stack, 'moe', 'wi_up'), l, 'T', (e, 2 * f, d), (f, 2 * f))
-      add(m + 'experts.down_proj', (stack, 'moe', 'wo'), l, 'T', (e, d, f))
-    else:
-      for x in range(e):
-        for n, ours in (('gate', 'wi_gate'), ('up', 'wi_up'), ('down', 'wo')):
-          linear(f'{m}experts.{x}.{n}_proj.weight', (stack, 'moe', ours), (*l, x))
-    if cfg.num_shared_experts:
-      for n, ours in (('gate', 'wi_gate'), ('up', 'wi_up'), ('down', 'wo')):
-        linear(f'{m}shared_experts.{n}_proj.weight', (stack, 'moe', 'shared', ours), l)
-  same('model.norm.weight', ('final_norm', 'scale'), ())
-  linear('model.embed_tokens.weight' if tied_embeddings else 'lm_head.weight', ('lm_head', 'kernel'), ())
+    out += _layer_rules(cfg, shapes, i, family, layout)
+  out.append(_same(shapes, 'model.norm.weight', ('final_norm', 'scale'), ()))
+  out.append(_linear(shapes, 'model.embed_tokens.weight' if tied_embeddings else 'lm_head.weight',
+                     ('lm_head', 'kernel'), ()))
+  return out
+
+
+def _linear(shapes: Shapes, hf: str, leaf: tuple[str, ...], index: tuple[int, ...], n_in: int = 1) -> Rule:
+  """HF (out, in) weight of our block (*in_dims, *out_dims), the first n_in dims being inputs."""
+  block = shapes[leaf][len(index):]
+  return Rule(hf, (int(np.prod(block[n_in:])), int(np.prod(block[:n_in]))), leaf, index, block, 'T')
+
+
+def _same(shapes: Shapes, hf: str, leaf: tuple[str, ...], index: tuple[int, ...]) -> Rule:
+  """A tensor stored as is (norm scales, embedding, router bias)."""
+  block = shapes[leaf][len(index):]
+  return Rule(hf, block, leaf, index, block, 'id')
+
+
+def _stacked(shapes: Shapes, hf: str, hf_shape: tuple[int, int, int], leaf: tuple[str, ...],
+             l: tuple[int], rows: tuple[int, int] | None = None) -> Rule:
+  """A fused experts tensor (E, out, in), or rows of its out axis, onto the layer's expert stack."""
+  return Rule(hf, hf_shape, leaf, l, shapes[leaf][len(l):], 'T', rows)
+
+
+def _layer_rules(cfg: ModelConfig, shapes: Shapes, i: int, family: str, layout: str) -> list[Rule]:
+  """Decoder layer i: its norms, attention and MLP (dense for the first `first_k_dense` layers)."""
+  dense = i < cfg.first_k_dense
+  stack = 'dense_layers' if dense else 'moe_layers'
+  l = (i if dense else i - cfg.first_k_dense,)
+  p = f'model.layers.{i}.'
+  if dense:
+    mlp = [_linear(shapes, f'{p}mlp.{n}_proj.weight', (stack, 'mlp', ours), l) for n, ours in _MLP]
+  else:
+    mlp = _moe_rules(cfg, shapes, p + 'mlp.', l, family, layout)
+  return [_same(shapes, p + 'input_layernorm.weight', (stack, 'attn_norm'), l),
+          *_attention_rules(cfg, shapes, p + 'self_attn.', (stack, 'attn'), l),
+          _same(shapes, p + 'post_attention_layernorm.weight', (stack, 'mlp_norm'), l), *mlp]
+
+
+def _attention_rules(cfg: ModelConfig, shapes: Shapes, a: str, leaf: tuple[str, ...],
+                     l: tuple[int]) -> list[Rule]:
+  """GQA (q, k, v, o, optional q/k norms) or MLA (low-rank q and kv with their norms, o)."""
+  if cfg.attention == 'gqa':
+    out = [_linear(shapes, f'{a}{n}_proj.weight', (*leaf, n), l) for n in ('q', 'k', 'v')]
+    out.append(_linear(shapes, a + 'o_proj.weight', (*leaf, 'o'), l, n_in=2))  # (H, Dh) in, D out.
+    if cfg.qk_norm:
+      out += [_same(shapes, f'{a}{n}_norm.weight', (*leaf, f'{n}_norm'), l) for n in ('q', 'k')]
+    return out
+  if cfg.q_lora_rank:
+    out = [_linear(shapes, a + 'q_a_proj.weight', (*leaf, 'q_a'), l),
+           _same(shapes, a + 'q_a_layernorm.weight', (*leaf, 'q_a_norm'), l),
+           _linear(shapes, a + 'q_b_proj.weight', (*leaf, 'q_b'), l)]
+  else:
+    out = [_linear(shapes, a + 'q_proj.weight', (*leaf, 'q'), l)]
+  return out + [_linear(shapes, a + 'kv_a_proj_with_mqa.weight', (*leaf, 'kv_a'), l),
+                _same(shapes, a + 'kv_a_layernorm.weight', (*leaf, 'kv_a_norm'), l),
+                _linear(shapes, a + 'kv_b_proj.weight', (*leaf, 'kv_b'), l),
+                _linear(shapes, a + 'o_proj.weight', (*leaf, 'o'), l, n_in=2)]
+
+
+def _moe_rules(cfg: ModelConfig, shapes: Shapes, m: str, l: tuple[int], family: str,
+               layout: str) -> list[Rule]:
+  """Router (and DeepSeek's correction bias), routed experts in either layout, shared experts."""
+  leaf = ('moe_layers', 'moe')
+  out = [_linear(shapes, m + 'gate.weight', (*leaf, 'router'), l)]
+  if family == config_map.DEEPSEEK_V3:
+    out.append(_same(shapes, m + 'gate.e_score_correction_bias', (*leaf, 'router_bias'), l))
+  if layout == FUSED:
+    d, e, f = cfg.d_model, cfg.num_experts, cfg.d_expert
+    out += [_stacked(shapes, m + 'experts.gate_up_proj', (e, 2 * f, d), (*leaf, 'wi_gate'), l, (0, f)),
+            _stacked(shapes, m + 'experts.gate_up_proj', (e, 2 * f, d), (*leaf, 'wi_up'), l, (f, 2 * f)),
+            _stacked(shapes, m + 'experts.down_proj', (e, d, f), (*leaf, 'wo'), l)]
+  else:
+    out += [_linear(shapes, f'{m}experts.{x}.{n}_proj.weight', (*leaf, ours), (*l, x))
+            for x in range(cfg.num_experts) for n, ours in _MLP]
+  if cfg.num_shared_experts:
+    out += [_linear(shapes, f'{m}shared_experts.{n}_proj.weight', (*leaf, 'shared', ours), l)
+            for n, ours in _MLP]
   return out
 
 
