@@ -36,62 +36,40 @@ class Rule:
 REGISTRY: dict[str, Rule] = {}
 
 
-def register(cls):
-  if not cls.name or cls.name in REGISTRY:
-    raise ValueError(f'rule {cls.__name__}: needs a unique name, got {cls.name!r}')
-  REGISTRY[cls.name] = cls()
-  return cls
+def register(rule: Rule) -> Rule:
+  if not rule.name or rule.name in REGISTRY:
+    raise ValueError(f'rule {type(rule).__name__}: needs a unique name, got {rule.name!r}')
+  REGISTRY[rule.name] = rule
+  return rule
 
 
-@register
-class UnknownTool(Rule):
-  """A call to a tool that does not exist (renamed since the warm start, or invented)."""
-  name = 'unknown_tool'
+class OnInfo(Rule):
+  """Claims a message whose `info` satisfies `when`; the hint is `say(info)`."""
 
-  def hint(self, info, traj, i):
-    if info.get('error') == 'unknown_tool':
-      return f'Reminder: available tools are {info["tools"]}'
-
-
-@register
-class WrongTool(Rule):
-  """A real tool, but not the operation this step of the problem needs (the critic knows the task)."""
-  name = 'wrong_tool'
+  def __init__(self, name: str, when: Callable[[dict], object], say: Callable[[dict], str]):
+    self.name, self.when, self.say = name, when, say
 
   def hint(self, info, traj, i):
-    if info.get('wrong_op'):
-      return f'Reminder: available tools are {info["tools"]}'
+    return self.say(info) if self.when(info) else None
 
 
-@register
-class MalformedCall(Rule):
-  name = 'malformed_call'
-
-  def hint(self, info, traj, i):
-    if info.get('error') == 'malformed':
-      return 'Write name(a,b) or ans(x).'
+def _tools_reminder(info: dict) -> str:
+  return f'Reminder: available tools are {info["tools"]}'
 
 
-@register
-class RepeatedCall(Rule):
-  """The same call again: no new information, a stall."""
-  name = 'repeated_call'
-
-  def hint(self, info, traj, i):
-    if info.get('repeat'):
-      return f'{info["message"]} was already called; use its result.'
-
-
-@register
-class ImportFailure(Rule):
-  name = 'import_error'
-
-  def hint(self, info, traj, i):
-    if info.get('error_type') in ('ImportError', 'ModuleNotFoundError'):
-      return 'Check the import statement here.'
+# A call to a tool that does not exist (renamed since the warm start, or invented).
+register(OnInfo('unknown_tool', lambda info: info.get('error') == 'unknown_tool', _tools_reminder))
+# A real tool, but not the operation this step of the problem needs (the critic knows the task).
+register(OnInfo('wrong_tool', lambda info: info.get('wrong_op'), _tools_reminder))
+register(OnInfo('malformed_call', lambda info: info.get('error') == 'malformed',
+                lambda info: 'Write name(a,b) or ans(x).'))
+# The same call again: no new information, a stall.
+register(OnInfo('repeated_call', lambda info: info.get('repeat'),
+                lambda info: f'{info["message"]} was already called; use its result.'))
+register(OnInfo('import_error', lambda info: info.get('error_type') in ('ImportError', 'ModuleNotFoundError'),
+                lambda info: 'Check the import statement here.'))
 
 
-@register
 class UndefinedName(Rule):
   name = 'name_error'
 
@@ -101,7 +79,6 @@ class UndefinedName(Rule):
       return f'Check the names used here: {m.group(1)!r} is not defined.' if m else 'Check the names used here.'
 
 
-@register
 class FailedAssertion(Rule):
   """A test assertion failed: state the expected value (the critic's privileged information)."""
   name = 'failed_assertion'
@@ -110,6 +87,10 @@ class FailedAssertion(Rule):
     f = info.get('failed')
     if info.get('error_type') == 'AssertionError' and f:
       return f'The test expects {f["call"]} == {f["expected"]}, this code gives {f["got"]}.'
+
+
+register(UndefinedName())
+register(FailedAssertion())
 
 
 class Critic:
