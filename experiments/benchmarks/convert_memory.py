@@ -53,18 +53,10 @@ def make_folder(path: str, cfg, shard_bytes: int, layout: str = 'per_expert', se
   os.makedirs(path)
   dt = np.dtype(ml_dtypes.bfloat16)
   specs = [(n, r[0].hf_shape, dt) for n, r in weights.by_hf_name(weights.rules(cfg, layout)).items()]
-  shards = st.plan_shards(specs, shard_bytes)
+  shapes = {name: shape for name, shape, _ in specs}
   rng = np.random.default_rng(seed)
-  weight_map, total = {}, 0
-  for fname, shard in zip(st.shard_names(len(shards)), shards):
-    w = st.ShardWriter(os.path.join(path, fname), shard)
-    for name, shape, _ in shard:
-      w.write(name, (rng.standard_normal(shape, np.float32) * 0.02).astype(dt))
-      weight_map[name] = fname
-    w.close()
-    total += w.nbytes
-  if len(shards) > 1:
-    st.write_index(path, weight_map, total)
+  weight_map = st.write_folder(path, st.plan_shards(specs, shard_bytes),
+                               lambda name: [(rng.standard_normal(shapes[name], np.float32) * 0.02).astype(dt)])
   with open(os.path.join(path, 'config.json'), 'w') as f:
     json.dump(config_map.to_hf(cfg, 'bfloat16'), f)
   sizes = [os.path.getsize(os.path.join(path, n)) for n in set(weight_map.values())]

@@ -265,7 +265,6 @@ def orbax_to_hf(ckpt_dir: str, out_dir: str, *, cfg: ModelConfig | None = None,
   stores = _open_leaves(ckpt_dir, weights.leaf_shapes(cfg), tuple(subtree))
   specs = [(n, r[0].hf_shape, out_dtype) for n, r in by_name.items()]
   shards = st.plan_shards(specs, max_shard_bytes)
-  files = st.shard_names(len(shards))
 
   piece_bytes = piece_bytes or _piece_bytes(max_shard_bytes)
 
@@ -274,20 +273,11 @@ def orbax_to_hf(ckpt_dir: str, out_dir: str, *, cfg: ModelConfig | None = None,
     n, total = group[0].piece_rows(out_dtype.itemsize, piece_bytes), group[0].hf_shape[0]
     for rows in [None] if n >= total else [slice(r0, min(r0 + n, total)) for r0 in range(0, total, n)]:
       parts = [r.to_hf(stores[r.leaf][r.piece_index(rows)].read().result()) for r in group]
-      yield parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
+      x = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
+      yield x.astype(out_dtype, copy=False)
 
   with _atomic_dir(out_dir, overwrite, create=True) as tmp:
-    weight_map, total = {}, 0
-    for fname, shard in zip(files, shards):
-      w = st.ShardWriter(os.path.join(tmp, fname), shard)
-      for name, _, _ in shard:
-        for x in pieces(name):
-          w.write(name, x.astype(out_dtype, copy=False))
-        weight_map[name] = fname
-      w.close()
-      total += w.nbytes
-    if len(files) > 1:
-      st.write_index(tmp, weight_map, total)
+    st.write_folder(tmp, shards, pieces)
     with open(os.path.join(tmp, 'config.json'), 'w') as f:
       json.dump(config_map.to_hf(cfg, 'bfloat16' if out_dtype == np.dtype(ml_dtypes.bfloat16)
                                  else out_dtype.name), f, indent=2)

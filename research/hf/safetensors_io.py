@@ -10,7 +10,7 @@ return bfloat16 or float8 as numpy, hence this small reader; ml_dtypes provides 
 import json
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -231,3 +231,24 @@ def write_index(path: str, weight_map: Mapping[str, str], total_size: int):
   with open(os.path.join(path, INDEX_FILE), 'w') as f:
     json.dump({'metadata': {'total_size': total_size}, 'weight_map': dict(sorted(weight_map.items()))},
               f, indent=2)
+
+
+def write_folder(path: str, shards: list[list[tuple[str, tuple[int, ...], np.dtype]]],
+                 pieces: Callable[[str], Iterable[np.ndarray]]) -> dict[str, str]:
+  """Writes planned shards (and the index, when there are several) into the folder `path`.
+
+  pieces(name) yields the tensor whole or as consecutive pieces of its leading axis, in its
+  shard's dtype. Returns the weight map {tensor name: shard file}.
+  """
+  weight_map, total = {}, 0
+  for fname, shard in zip(shard_names(len(shards)), shards):
+    w = ShardWriter(os.path.join(path, fname), shard)
+    for name, _, _ in shard:
+      for x in pieces(name):
+        w.write(name, x)
+      weight_map[name] = fname
+    w.close()
+    total += w.nbytes
+  if len(shards) > 1:
+    write_index(path, weight_map, total)
+  return weight_map
