@@ -44,12 +44,21 @@ except BaseException as e:
 '''
 
 
-@dataclasses.dataclass(frozen=True)
+# Keyword-only: research/tasks/sandbox.Limits orders the same names differently.
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Limits:
+  """A wall-clock timeout and the rlimits the child process runs under."""
   wall_s: float = 5.0
   cpu_s: int = 5
   memory_mb: int = 512
   fsize_mb: int = 1
+
+  def set_rlimits(self):
+    """Runs in the child between fork and exec (`preexec_fn`)."""
+    mem = self.memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (self.fsize_mb << 20,) * 2)
 
 
 @dataclasses.dataclass
@@ -76,15 +85,8 @@ class SubprocessExecutor:
   def run(self, code: str, tests, limits: Limits = Limits()) -> Result:
     nonce = secrets.token_hex(16)
     req = json.dumps({'code': code, 'tests': [list(t) for t in tests], 'nonce': nonce}) + '\n'
-
-    def limit():
-      mem = limits.memory_mb << 20
-      resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-      resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-      resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb << 20,) * 2)
-
     proc = subprocess.Popen([self.python, '-I', '-c', _HARNESS], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limits.set_rlimits,
                             start_new_session=True, env={'PATH': os.environ.get('PATH', '')})
     try:
       out, err = proc.communicate(req.encode(), timeout=limits.wall_s)
