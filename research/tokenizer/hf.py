@@ -43,11 +43,11 @@ class HFTokenizer:
       raise FileNotFoundError(f'{file} not found (a Hugging Face fast tokenizer is needed)')
     self._tok = tokenizers.Tokenizer.from_file(file)
     self._tok.encode_special_tokens = True  # Content never produces special ids.
-    config = {}
+    special_tokens = {}  # tokenizer_config.json: bos_token, eos_token, pad_token and more.
     config_file = os.path.join(os.path.dirname(file), 'tokenizer_config.json')
     if os.path.exists(config_file):
       with open(config_file) as f:
-        config = json.load(f)
+        special_tokens = json.load(f)
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     self.special_ids = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()
                         if t.special}
@@ -55,9 +55,9 @@ class HFTokenizer:
       chat_format = 'kimi_k2' if '<|im_middle|>' in self.special_ids else 'chatml'
     self.chat_format = FORMATS[chat_format] if isinstance(chat_format, str) else chat_format
     self.end_of_message_id = self._special(self.chat_format.suffix, 'suffix')[0]
-    self.eos_id = self._id(config.get('eos_token'), self.end_of_message_id)
-    self.bos_id = self._id(config.get('bos_token'), self.eos_id)
-    self.pad_id = self._id(config.get('pad_token'), self.eos_id)
+    self.eos_id = self._id(special_tokens.get('eos_token'), self.end_of_message_id)
+    self.bos_id = self._id(special_tokens.get('bos_token'), self.eos_id)
+    self.pad_id = self._id(special_tokens.get('pad_token'), self.eos_id)
     self._prefix = {r: self._special(self.chat_format.prefix[r], f'{r} prefix') for r in ROLES}
     self._suffix = self._special(self.chat_format.suffix, 'suffix')
     self.role_ids = {r: p[0] for r, p in self._prefix.items()}
