@@ -15,7 +15,7 @@ interleaved RoPE (pairs 2i, 2i+1) is what research/model/layers.rope does with i
 import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -94,16 +94,15 @@ class Rule:
 
 def leaf_shapes(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
   """Our param paths -> shapes, from the model's own param specs (no arrays are made)."""
-  out = {}
+  return dict(_spec_shapes((), transformer.param_specs(cfg)))
 
-  def walk(prefix, tree):
-    for k, v in tree.items():
-      if is_spec(v):
-        out[(*prefix, k)] = tuple(v.shape)
-      else:
-        walk((*prefix, k), v)
-  walk((), transformer.param_specs(cfg))
-  return out
+
+def _spec_shapes(prefix: tuple[str, ...], tree: Mapping) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
+  for k, v in tree.items():
+    if is_spec(v):
+      yield (*prefix, k), tuple(v.shape)
+    else:
+      yield from _spec_shapes((*prefix, k), v)
 
 
 Shapes = Mapping[tuple[str, ...], tuple[int, ...]]
