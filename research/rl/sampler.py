@@ -144,6 +144,7 @@ _generate_jit = jax.jit(generate, static_argnames=('cfg', 's', 'pad_id'), donate
 
 @dataclasses.dataclass(frozen=True)
 class RolloutStats:
+  """Where a rollout's time went (sampling vs the environments) and what it counted."""
   sample_s: float
   env_s: float
   new_tokens: int
@@ -199,7 +200,7 @@ class _Cache:
 
 @dataclasses.dataclass(frozen=True)
 class _Sampled:
-  """One turn's messages on the host (research/rl/sampler.generate)."""
+  """One turn's messages (`generate`'s outputs) on the host."""
   tokens_BxM: np.ndarray
   logp_BxM: np.ndarray
   n_B: np.ndarray
