@@ -25,11 +25,3 @@ def test_launch_train_loss_falls(tmp_path):
   assert rows[-1]['loss'] < 0.6 * rows[0]['loss'], [r['loss'] for r in rows]
   assert 'loss' in proc.stdout
 
-
-def test_wrong_override_type_is_rejected(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'launch.train', '--config=experiments/tiny_moe.py',
-       f'--workdir={tmp_path}', '--config.model.num_experts=many'],
-      cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert proc.returncode != 0
-  assert 'num_experts' in proc.stderr

@@ -1,4 +1,4 @@
-"""A tiny experiment config and launch.train subprocesses, shared by the infrastructure tests."""
+"""A tiny experiment config and launch.train subprocesses, shared by the tests that train it."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import ml_collections
 
 from experiments import tiny_moe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # d_model 64, 2 layers, 4 experts, seq 32: a step takes milliseconds, compiling it seconds.
 TINY = {
