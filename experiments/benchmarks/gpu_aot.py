@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax.experimental import topologies
 
 from experiments.benchmarks import muon as muon_bench
+from experiments.benchmarks import trees
 from research.model import moe
 from research.model.config import ModelConfig
 from research.model.layers import materialize
@@ -59,7 +60,7 @@ def gpu_topology(target_config: str, topology: str = '1x1x8'):
 def muon_programs(devices, mesh_spec, chunk_bytes):
   """name -> compiled optimizer update (params and state sharded alike), from shapes only."""
   mesh = mesh_lib.make_mesh(mesh_spec, devices)
-  shapes, axes, dims = muon_bench.moe_tree()
+  shapes, axes, dims = trees.moe_tree()
   shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
   # ns_dtype follows the target (muon's default looks at the default backend: CPU here).
   for name, variant in (('muon_ours', 'ours_bf16'), ('muon_optax', 'optax')):

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from experiments.benchmarks.muon import moe_tree
+from experiments.benchmarks.trees import moe_tree
 from research.optim import muon as muon_lib
 from research.parallel import mesh as mesh_lib
 from research.parallel import sharding as sharding_lib

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers as Dims
 
-from experiments.benchmarks.muon import moe_tree
+from experiments.benchmarks.trees import moe_tree
 from research.optim import muon as muon_lib
 from research.optim import newton_schulz
 from research.parallel import mesh as mesh_lib

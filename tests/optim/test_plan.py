@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from experiments.benchmarks.muon import moe_tree
+from experiments.benchmarks.trees import moe_tree
 from research.optim import hlo_stats
 from research.optim import muon as muon_lib
 from research.optim import plan as plan_lib

@@ -56,10 +56,10 @@ def test_loop_end_to_end_and_resume(tmp_path):
   assert [r['step'] for r in rows if r['step'] > 0] == [1, 2, 3, 4]
 
 
-def _fixture():
+def _fixture(workdir):
   c = _tiny()
   c.loss.anchor_coef = 0.0
-  r = loop.Runner(c, '/tmp/unused_rl_test')
+  r = loop.Runner(c, str(workdir))
   params = transformer.init(r.cfg, jax.random.key(0))
   prompt, _ = chat.render(r.tok, [{'role': 'user', 'content': 'tools +:plus\n3+4'}], add_generation_prompt=True)
   t = Trajectory.from_prompt(prompt)
@@ -85,13 +85,13 @@ def _run_updates(c, r, params, t, feedback, adv, n, teacher_params=None):
   return hist
 
 
-def test_distillation_pulls_student_to_hinted_teacher():
+def test_distillation_pulls_student_to_hinted_teacher(tmp_path):
   """The student's distributions on the target message move to the teacher's on the hinted context.
 
   A random-init model barely reads the hint, so the teacher is another init: a misaligned target
   (wrong rows or positions) would not bring the KL down.
   """
-  c, r, params, t = _fixture()
+  c, r, params, t = _fixture(tmp_path)
   c.loss.pg_coef, c.loss.distill_coef, c.loss.until_divergence = 0.0, 1.0, False
   other = transformer.init(r.cfg, jax.random.key(1))
   hist = _run_updates(c, r, params, t, [(0, Feedback(0, 'Reminder: available tools are +:plus', 'x'))], 0.0, 15,
@@ -100,8 +100,8 @@ def test_distillation_pulls_student_to_hinted_teacher():
   assert kl[0] > 1e-4 and kl[-1] < 0.3 * kl[0], kl
 
 
-def test_policy_gradient_raises_positive_advantage_tokens():
-  c, r, params, t = _fixture()
+def test_policy_gradient_raises_positive_advantage_tokens(tmp_path):
+  c, r, params, t = _fixture(tmp_path)
   c.loss.distill_coef = 0.0
   hist = _run_updates(c, r, params, t, [], 1.0, 5)
   pg = [float(h['pg_loss']) for h in hist]  # -A * sum log p / denom: falls as log p of the tokens rises.

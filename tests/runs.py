@@ -1,5 +1,6 @@
-"""A tiny experiment config and launch.train subprocesses, shared by the infrastructure tests."""
+"""A tiny experiment config and launch.train subprocesses, shared by the tests that train it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import ml_collections
 
 from experiments import tiny_moe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # d_model 64, 2 layers, 4 experts, seq 32: a step takes milliseconds, compiling it seconds.
 TINY = {
@@ -54,6 +55,12 @@ def launch(workdir: str, *args: str, devices: int = 8, cache_dir: str | None = N
          f'--workdir={workdir}', *flags(**overrides), *args]
   return subprocess.Popen(cmd, cwd=ROOT, env=env(devices, cache_dir), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
+
+
+def metrics(workdir) -> list[dict]:
+  """The rows of workdir/metrics.jsonl."""
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(l) for l in f]
 
 
 def finish(p: subprocess.Popen, timeout: float = 240) -> str:

@@ -1,6 +1,5 @@
 """Preemption: a run stopped by SIGTERM and resumed ends bitwise equal to an uninterrupted run."""
 
-import json
 import os
 import signal
 import time
@@ -15,8 +14,7 @@ TIMED = ('tokens_per_s', 'mfu')  # Wall-clock fields; every other field must mat
 
 
 def _rows(workdir):
-  rows = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-  return [{k: v for k, v in r.items() if k not in TIMED} for r in rows]
+  return [{k: v for k, v in r.items() if k not in TIMED} for r in runs.metrics(workdir)]
 
 
 def _final_state(workdir):

@@ -1,6 +1,5 @@
 """2 processes x 4 CPU devices (gloo on loopback) train like 1 process x 8, and share checkpoints."""
 
-import json
 import os
 import shutil
 
@@ -15,7 +14,7 @@ KW = dict(train__steps=8, train__log_every=1, train__eval_every=0, checkpoint__e
 
 
 def _losses(workdir):
-  return {r['step']: r['loss'] for r in map(json.loads, open(os.path.join(workdir, 'metrics.jsonl')))}
+  return {r['step']: r['loss'] for r in runs.metrics(workdir)}
 
 
 def test_two_processes_match_one_and_their_checkpoint_restores_in_one(tmp_path):

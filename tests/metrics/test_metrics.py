@@ -1,13 +1,13 @@
 """FLOPs per token (hand count and XLA's count), MFU, metrics.jsonl and TensorBoard events."""
 
 import glob
-import json
 import struct
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+import runs
 from research.metrics import flops
 from research.metrics.writer import MetricsWriter
 from research.model import transformer
@@ -75,9 +75,9 @@ def test_writer_jsonl_tensorboard_and_truncate(tmp_path):
   for step in (2, 4, 6):
     w.write(step, {'loss': 1.0 / step, 'tokens_per_s': jnp.float32(100.0 * step)})
   w.close()
-  rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  rows = runs.metrics(tmp_path)
   assert rows[1] == {'step': 4, 'loss': 0.25, 'tokens_per_s': 400.0}
   events = _events(glob.glob(str(tmp_path / 'tensorboard' / 'events.out.tfevents.*'))[0])
   assert (6, 'loss', pytest.approx(1 / 6)) in events and (2, 'tokens_per_s', 200.0) in events
   MetricsWriter(str(tmp_path), tensorboard=False, console=False).truncate(4)
-  assert [json.loads(l)['step'] for l in open(tmp_path / 'metrics.jsonl')] == [2, 4]
+  assert [r['step'] for r in runs.metrics(tmp_path)] == [2, 4]
