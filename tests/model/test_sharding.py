@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from research.data import synthetic
 from research.model import transformer
@@ -46,7 +46,7 @@ def _run(cfg, params, batch, mesh=None):
     return logits_fn(params, batch), fn(params, batch)
   psh = sharding.tree_shardings(transformer.param_axes(cfg), params, mesh)
   params = jax.device_put(params, psh)
-  batch = jax.device_put(batch, NamedSharding(mesh, P(mesh_lib.BATCH_AXES)))
+  batch = jax.device_put(batch, NamedSharding(mesh, sharding.spec(('act_batch',))))
   with jax.set_mesh(mesh):
     return logits_fn(params, batch), fn(params, batch)
 
