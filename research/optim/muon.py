@@ -122,7 +122,7 @@ def _named_shardings(tree, shardings, mesh: Mesh):
     if sharding_lib.is_axes(s):
       return NamedSharding(mesh, sharding_lib.fit_spec(sharding_lib.spec(s), x.shape, mesh))
     return NamedSharding(mesh, s or P())
-  return jax.tree.map(named, _broadcast(shardings, tree, _is_spec), tree, is_leaf=_is_masked)
+  return jax.tree.map(named, _broadcast(shardings, tree, _is_spec), tree, is_leaf=_is_spec)
 
 
 def state_shardings(state, params, shardings, mesh: Mesh | None = None):

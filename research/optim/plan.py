@@ -2,14 +2,14 @@
 
   plan(shapes, shardings, mesh_shape, *, weight_dimension_numbers=None, param_labels=None,
        ns_coeffs='standard', ns_steps=None, ns_dtype='float32', mu_dtype=None,
-       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, rules=RULES,
+       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, rules=None,
        peak_flops=None, link_bandwidth=None) -> Plan
 
   shapes        pytree of objects with .shape and .dtype (e.g. jax.eval_shape(init_params, ...)).
   shardings     matching pytree (or prefix) of PartitionSpec / NamedSharding, or of logical-axis
                 tuples such as ('layers', 'embed', 'heads', 'head_dim'), mapped through `rules`
-                (research/parallel/sharding.py) and dropped where they don't divide, as
-                `tree_shardings` does.
+                (default: the current table, research/parallel/sharding.py) and dropped where
+                they don't divide, as `tree_shardings` does.
   mesh_shape    {axis: size}, any size (e.g. {'data': 8, 'fsdp': 64, 'expert': 32}); standard axes
                 left out have size 1.
   other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and link_bandwidth
@@ -79,14 +79,10 @@ class Plan:
     return self.exchange_bytes_per_device / max(self.local_shard_bytes, 1)
 
 
-def _is_axes(x) -> bool:
-  return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-
-
 def _spec(s, shape: Sequence[int], mesh_shape: Mapping[str, int], rules) -> P:
   if isinstance(s, NamedSharding):
     return s.spec
-  if _is_axes(s):  # Logical axes: sharding.fit_spec only reads mesh.shape.
+  if sharding_lib.is_axes(s):  # Logical axes: sharding.fit_spec only reads mesh.shape.
     return sharding_lib.fit_spec(sharding_lib.spec(s, rules), shape,
                                  types.SimpleNamespace(shape=mesh_shape))
   return s or P()
@@ -112,7 +108,7 @@ def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   sh_flat = treedef.flatten_up_to(jax.tree.map(
       lambda s, sub: jax.tree.map(lambda _: s, sub), shardings, shapes,
-      is_leaf=lambda x: x is None or _is_axes(x) or isinstance(x, (P, NamedSharding))))
+      is_leaf=lambda x: x is None or sharding_lib.is_axes(x) or isinstance(x, (P, NamedSharding))))
   dims = treedef.flatten_up_to(
       muon_lib.resolve_dimension_numbers(weight_dimension_numbers, shapes))
   labels = param_labels if param_labels is not None else muon_lib.default_param_labels(
@@ -175,7 +171,7 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
          ns_coeffs: Any = 'standard', ns_steps: int | None = None, ns_dtype: Any = 'float32',
          mu_dtype: Any = None, spread_axes: exchange_lib.SpreadAxes = None,
          exchange: str = 'all_to_all', chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
-         rules: sharding_lib.Rules = sharding_lib.RULES, peak_flops: float | None = None,
+         rules: sharding_lib.Rules | None = None, peak_flops: float | None = None,
          link_bandwidth: float | None = None) -> Plan:
   """Per-device NS FLOPs, exchange bytes and state bytes of one step (module docstring)."""
   # The standard axes the rules may name default to size 1.
