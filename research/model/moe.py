@@ -15,11 +15,11 @@ through its emulation by a dense all-to-all of padded chunks (`'all_to_all'`, ru
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from research.model.config import ModelConfig
 from research.model.layers import ParamSpec, swiglu, swiglu_specs
-from research.parallel.mesh import BATCH_AXES
+from research.parallel import sharding
+from research.parallel.mesh import axis_size
 
 
 def moe_specs(cfg: ModelConfig) -> dict:
@@ -212,23 +212,42 @@ def resolve_exchange(exchange: str) -> str:
   return 'all_to_all' if jax.default_backend() == 'cpu' else 'ragged'
 
 
+# Expert weights inside the shard_map: the model dimension whole (gathered over FSDP first).
+_EP_WEIGHT_AXES = {'wi_gate': ('experts', None, 'expert_mlp'),
+                   'wi_up': ('experts', None, 'expert_mlp'),
+                   'wo': ('experts', 'expert_mlp', None)}
+
+
+def _collective_axes(names: tuple[str, ...]):
+  return names[0] if len(names) == 1 else names
+
+
+def _expert_axes(num_experts: int, mesh) -> tuple[str, ...]:
+  """The mesh axes the rules spread the experts over (those that divide them)."""
+  p = sharding.fit_spec(sharding.spec(('experts',)), (num_experts,), mesh)
+  return sharding.entry_axes(p[0])
+
+
 def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, mesh, transport):
-  """shard_map over the mesh: tokens split over BATCH_AXES, experts over `expert`, F over `tensor`.
+  """shard_map over the mesh, laid out by the rules: tokens split as `act_batch`, experts as
+  `experts`, the expert hidden units F as `expert_mlp` (by default the mesh axes `data, fsdp,
+  expert`, `expert` and `tensor`).
 
   Each device sorts its C = N_local * k token copies by expert (hence by owning device), sends each
   owner its rows with `transport` (`jax.lax.ragged_all_to_all` or its emulation), runs its local
   experts on what it receives and sends the results back the same way. Offsets come from the
   all-gathered counts. The receive buffer has the static worst case of ep * C rows (every peer
   routing everything here), so nothing is dropped; the real primitive moves only the real rows.
-  `tensor` shards the expert hidden units, so the down-projection's partial sums are added with a
-  psum.
+  Sharding F leaves partial sums of the down-projection, added with a psum.
   """
-  ep = mesh.shape['expert']
+  wspec = {k: sharding.fit_spec(sharding.spec(axes), p[k].shape, mesh)
+           for k, axes in _EP_WEIGHT_AXES.items()}
+  tok = sharding.fit_spec(sharding.spec(('act_batch', None)), x_NxD.shape, mesh)
+  ep_names, f_names = (sharding.entry_axes(a) for a in wspec['wo'][:2])
+  ep_axis = _collective_axes(ep_names)
+  ep = axis_size(mesh, ep_names)
   e = p['wo'].shape[0]
   e_local = e // ep
-  wspec = {'wi_gate': P('expert', None, 'tensor'), 'wi_up': P('expert', None, 'tensor'),
-           'wo': P('expert', 'tensor', None)}
-  tok = P(BATCH_AXES, None)
   pw = {k: p[k] for k in wspec}
 
   def body(pw, x_NxD, weights_NxK, experts_NxK):
@@ -238,13 +257,13 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     order = jnp.argsort(flat_e, stable=True)
     # counts[i, j, l]: copies device i sends to local expert l of device j.
     counts_PxPxL = jax.lax.all_gather(
-        jnp.bincount(flat_e, length=e).astype(jnp.int32).reshape(ep, e_local), 'expert')
-    me = jax.lax.axis_index('expert')
+        jnp.bincount(flat_e, length=e).astype(jnp.int32).reshape(ep, e_local), ep_axis)
+    me = jax.lax.axis_index(ep_axis)
     sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
     send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
     recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
     recv_x = transport(x_NxD[order // k], jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me],
-                       sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name='expert')
+                       sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
     # Received rows: by sender, then by local expert; the rest is padding (id e_local).
     recv_PxL = counts_PxPxL[:, me]
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
@@ -257,9 +276,10 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
       r_order = jnp.argsort(recv_e, stable=True)  # Padding sorts last, past every group.
       ys = grouped_ffn(pw, recv_x[r_order], jnp.sum(recv_PxL, axis=0), impl, block)
       y = jnp.zeros_like(ys).at[r_order].set(ys)
-    y = jax.lax.psum(y, 'tensor')
+    if f_names:
+      y = jax.lax.psum(y, _collective_axes(f_names))
     back = transport(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],
-                     send_start_PxP[:, me], sizes_PxP[me], axis_name='expert')
+                     send_start_PxP[:, me], sizes_PxP[me], axis_name=ep_axis)
     y_NxKxD = jnp.zeros_like(back).at[order].set(back).reshape(n, k, d)
     return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
 
@@ -277,7 +297,8 @@ def moe(p: dict, x_BxTxD, valid_BxT, cfg: ModelConfig, routes_NxK=None):
   weights, experts, stats = route(p, x_NxD, valid_BxT.reshape(-1), cfg, routes_NxK)
   impl = resolve_impl(cfg.moe_impl)
   mesh = jax.sharding.get_abstract_mesh()
-  if cfg.expert_parallel and not mesh.empty and mesh.shape.get('expert', 1) > 1:
+  if (cfg.expert_parallel and not mesh.empty
+      and axis_size(mesh, _expert_axes(cfg.num_experts, mesh)) > 1):
     transport = (jax.lax.ragged_all_to_all if resolve_exchange(cfg.ep_exchange) == 'ragged'
                  else _ragged_all_to_all_emulated)
     y = _expert_parallel(p, x_NxD, weights, experts, impl, cfg.moe_block_size, mesh, transport)

@@ -20,8 +20,10 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
   return {'total_params': total, 'active_params': active}
 
 
-def bytes_per_device(cfg: ModelConfig, mesh_shape: dict[str, int], rules=sharding.RULES) -> int:
-  """Parameter bytes on the most loaded device for a mesh given as {axis: size}."""
+def bytes_per_device(cfg: ModelConfig, mesh_shape: dict[str, int],
+                     rules: sharding.Rules | None = None) -> int:
+  """Parameter bytes on the most loaded device for a mesh given as {axis: size}; rules: the
+  current table by default."""
   shapes = jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))
   axes = transformer.param_axes(cfg)
 
@@ -29,7 +31,6 @@ def bytes_per_device(cfg: ModelConfig, mesh_shape: dict[str, int], rules=shardin
 
   def one(ax, x):
     p = sharding.fit_spec(sharding.spec(ax, rules), x.shape, mesh)
-    ways = [mesh_shape[a] for e in p if e for a in ((e,) if isinstance(e, str) else e)]
+    ways = [mesh_shape[a] for e in p for a in sharding.entry_axes(e)]
     return math.prod(x.shape) * np.dtype(x.dtype).itemsize / math.prod(ways)
-  is_axes = lambda a: isinstance(a, tuple)
-  return int(sum(jax.tree.leaves(jax.tree.map(one, axes, shapes, is_leaf=is_axes))))
+  return int(sum(jax.tree.leaves(jax.tree.map(one, axes, shapes, is_leaf=sharding.is_axes))))

@@ -4,20 +4,21 @@
        weight_decay=0.0, weight_decay_mask=None, mu_dtype=None, *, nesterov=True,
        adaptive=False, adam_b1=0.9, adam_b2=0.999, adam_eps_root=0.0, adam_weight_decay=0.0,
        adam_learning_rate=None, muon_weight_dimension_numbers=None, param_labels=None,
-       consistent_rms=None, mesh=None, shardings=None, ns_dtype=None, spread_axes=None,
-       exchange='all_to_all', chunk_bytes=64 MiB) -> optax.GradientTransformation
+       consistent_rms=None, mesh=None, shardings=None, **ns_options: ns_dtype=None,
+       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB) -> optax.GradientTransformation
   scale_by_muon(ns_coeffs, ns_steps, beta, eps, mu_dtype, *, nesterov, adaptive,
                 weight_dimension_numbers, mesh, shardings, ns_dtype, spread_axes, exchange,
                 chunk_bytes) -> optax.GradientTransformation   (momentum + NS, no lr)
   state_shardings(state, params, shardings, mesh=None) -> pytree of NamedSharding
 
 With the same hyperparameters `muon` computes what `optax.contrib.muon` computes (frobenius
-preconditioning). Additions: `mesh` + `shardings` (a pytree, or prefix, of NamedSharding or
-PartitionSpec, as the params are laid out) make NS run on whole matrices spread over the devices
-(see exchange.py); `ns_dtype` (default bf16 on accelerators, f32 on CPU) is the dtype exchanged and
-iterated; `ns_coeffs` takes presets ('standard', 'dion', 'polar_express') or per-step lists;
-`param_labels` ('muon' | 'adam' per leaf, tree or callable) overrides the default labelling: Muon
-for leaves with dimension numbers (every 2-d leaf when `muon_weight_dimension_numbers` is None),
+preconditioning). Additions: `mesh` + `shardings` (a pytree, or prefix, of NamedSharding,
+PartitionSpec or logical-axis tuples, as the params are laid out; logical axes are mapped by the
+rules current when traced: research/parallel/sharding.use_rules, which the Trainer enters) make NS
+run on whole matrices spread over the devices (see exchange.py); `ns_dtype` (default bf16 on
+accelerators, f32 on CPU) is the dtype exchanged and iterated; `ns_coeffs` takes presets
+('standard', 'dion', 'polar_express') or per-step lists; `param_labels` ('muon' | 'adam' per leaf,
+tree or callable) overrides the default labelling: Muon for leaves with dimension numbers (every 2-d leaf when `muon_weight_dimension_numbers` is None),
 AdamW for the rest and for any leaf under a path component in ADAMW_NAMES (embeddings, output
 head). The optimizer state is constrained to the params' shardings, so it saves and restores (with
 `state_shardings` as the target) like the params.
@@ -30,8 +31,10 @@ dimension numbers fail when `muon` is called; dimension numbers that don't fit a
 shardings that don't divide a leaf fail in `init`, the first time shapes are known.
 """
 
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -43,12 +46,14 @@ from optax.contrib import MuonDimensionNumbers
 
 from research.optim import exchange as exchange_lib
 from research.optim import newton_schulz
+from research.parallel import sharding as sharding_lib
 
 ADAMW_NAMES = ('embed', 'embedding', 'embeddings', 'lm_head', 'unembed')
 
 _is_masked = lambda x: isinstance(x, optax.MaskedNode)
 _is_dims = lambda x: x is None or _is_masked(x) or isinstance(x, MuonDimensionNumbers)
-_is_spec = lambda x: x is None or _is_masked(x) or isinstance(x, (P, NamedSharding))
+_is_spec = lambda x: (x is None or _is_masked(x) or isinstance(x, (P, NamedSharding))
+                      or sharding_lib.is_axes(x))
 
 
 class MuonState(NamedTuple):
@@ -75,14 +80,15 @@ def _check_shardings(shardings, mesh: Mesh | None) -> Mesh | None:
   if mesh is None:
     mesh = next((s.mesh for _, s in flat if isinstance(s, NamedSharding)), None)
   if mesh is None:
-    raise ValueError('mesh: PartitionSpec shardings need a mesh')
+    raise ValueError('mesh: PartitionSpec and logical-axis shardings need a mesh')
   for path, s in flat:
     where = path_str(path) or '<root>'
-    if not (s is None or isinstance(s, (P, NamedSharding))):
-      raise ValueError(f'shardings at {where}: expected NamedSharding or PartitionSpec, got '
-                       f'{type(s).__name__}')
-    spec = s.spec if isinstance(s, NamedSharding) else s or P()
-    exchange_lib.spec_axes(spec, len(spec), dict(mesh.shape), where)
+    if not _is_spec(s):
+      raise ValueError(f'shardings at {where}: expected NamedSharding, PartitionSpec or a tuple of '
+                       f'logical axis names, got {type(s).__name__}')
+    if not sharding_lib.is_axes(s):  # Logical axes are checked when the rules map them.
+      spec = s.spec if isinstance(s, NamedSharding) else s or P()
+      exchange_lib.spec_axes(spec, len(spec), dict(mesh.shape), where)
   return mesh
 
 
@@ -106,12 +112,17 @@ def default_ns_dtype():
 
 
 def _named_shardings(tree, shardings, mesh: Mesh):
-  """Full tree of NamedSharding for `tree` (masked leaves stay masked)."""
+  """Full tree of NamedSharding for `tree` (masked leaves stay masked). Logical axes are mapped
+  by the current rules (sharding.use_rules) and dropped where they don't divide the leaf."""
   def named(s, x):
     if _is_masked(x):
       return x
-    return s if isinstance(s, NamedSharding) else NamedSharding(mesh, s or P())
-  return jax.tree.map(named, _broadcast(shardings, tree, _is_spec), tree, is_leaf=_is_masked)
+    if isinstance(s, NamedSharding):
+      return s
+    if sharding_lib.is_axes(s):
+      return NamedSharding(mesh, sharding_lib.fit_spec(sharding_lib.spec(s), x.shape, mesh))
+    return NamedSharding(mesh, s or P())
+  return jax.tree.map(named, _broadcast(shardings, tree, _is_spec), tree, is_leaf=_is_spec)
 
 
 def state_shardings(state, params, shardings, mesh: Mesh | None = None):
@@ -177,6 +188,103 @@ def default_param_labels(params, weight_dimension_numbers=None):
   return treedef.unflatten([label(p, x, d) for (p, x), d in zip(flat, dims)])
 
 
+class Layouts(NamedTuple):
+  """A tree's leaves as Muon's NS sees them: the active (unmasked) ones with their layouts."""
+  flat: list                             # (path, leaf) for every leaf, masked ones included.
+  treedef: Any
+  active: list[int]                      # Positions in `flat` of the unmasked leaves.
+  leaves: list[exchange_lib.Leaf]        # Per active leaf.
+  groups: list[exchange_lib.Group]       # Over `leaves`.
+  shardings: list[NamedSharding] | None  # Per leaf of `flat`; None without a mesh.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Orthogonalizer:
+  """Whole-matrix Newton–Schulz on the leaves of a tree laid out on the mesh (scale_by_muon's
+  arguments, validated)."""
+  ns: Callable[[jax.Array], jax.Array]
+  weight_dimension_numbers: Any
+  mesh: Mesh | None
+  shardings: Any
+  ns_dtype: np.dtype
+  spread_axes: exchange_lib.SpreadAxes
+  exchange: str
+  chunk_bytes: int
+
+  def layouts(self, tree) -> Layouts:
+    """Fails, naming the leaf, on dimension numbers or shardings that don't fit it."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_masked)
+    dims = treedef.flatten_up_to(resolve_dimension_numbers(self.weight_dimension_numbers, tree))
+    named = (None if self.mesh is None
+             else treedef.flatten_up_to(_named_shardings(tree, self.shardings, self.mesh)))
+    mesh_shape = dict(self.mesh.shape) if self.mesh is not None else {}
+    active = [i for i, (_, x) in enumerate(flat) if not _is_masked(x)]
+    leaves = []
+    for i in active:
+      path, x = flat[i]
+      where = path_str(path) or '<root>'
+      leaves.append(exchange_lib.leaf_layout(
+          x.shape, named and named[i].spec, leaf_dimension_numbers(dims[i], x.ndim, where),
+          mesh_shape, self.spread_axes, where))
+    groups = exchange_lib.plan_groups(leaves, [self.ns_dtype] * len(leaves), mesh_shape,
+                                      self.exchange, self.chunk_bytes)
+    return Layouts(flat, treedef, active, leaves, groups, named)
+
+  def __call__(self, tree):
+    lay = self.layouts(tree)
+    xs = [lay.flat[i][1] for i in lay.active]
+    run = functools.partial(exchange_lib.run, leaves=lay.leaves, groups=lay.groups, ns=self.ns,
+                            exchange=self.exchange)
+    if self.mesh is None:
+      ys = run(xs)
+    else:
+      in_specs = tuple(lay.shardings[i].spec for i in lay.active)
+      ys = jax.shard_map(lambda xs: tuple(run(xs)), mesh=self.mesh, in_specs=(in_specs,),
+                         out_specs=in_specs, check_vma=False)(tuple(xs))
+    out = [x for _, x in lay.flat]
+    for i, y in zip(lay.active, ys):
+      out[i] = y
+    return lay.treedef.unflatten(out)
+
+  def constrain(self, tree):
+    """`tree` (shaped like the params) laid out like the params."""
+    if self.mesh is None:
+      return tree
+    return _constrain(tree, _named_shardings(tree, self.shardings, self.mesh))
+
+
+def _momentum(updates, state: MuonState, beta: float, nesterov: bool):
+  """(new momentum, the bias-corrected (Nesterov) momentum NS acts on, new count)."""
+  mu = optax.tree.update_moment(updates, state.mu, beta, 1)
+  count_inc = optax.safe_increment(state.count)
+  if nesterov:
+    mu_hat = jax.tree.map(
+        lambda m, g: beta * m + (1 - beta) * g,
+        optax.tree.bias_correction(mu, beta, optax.safe_increment(count_inc)),
+        optax.tree.bias_correction(updates, beta, count_inc))
+  else:
+    mu_hat = optax.tree.bias_correction(mu, beta, count_inc)
+  return mu, mu_hat, count_inc
+
+
+def _orthogonalizer(ns_coeffs, ns_steps, eps, weight_dimension_numbers, mesh, shardings, ns_dtype,
+                    spread_axes, exchange, chunk_bytes) -> _Orthogonalizer:
+  """Checks scale_by_muon's arguments, failing on the first bad one by name."""
+  coeffs = newton_schulz.schedule(ns_coeffs, ns_steps)
+  _check_dims(weight_dimension_numbers)
+  mesh = _check_shardings(shardings, mesh)
+  if not callable(spread_axes):
+    exchange_lib.resolve_spread_axes(spread_axes, '<all leaves>',
+                                     dict(mesh.shape) if mesh is not None else {})
+  if exchange not in exchange_lib.EXCHANGES:
+    raise ValueError(f'exchange: expected one of {exchange_lib.EXCHANGES}, got {exchange!r}')
+  return _Orthogonalizer(
+      ns=functools.partial(newton_schulz.orthogonalize, coeffs=coeffs, eps=eps),
+      weight_dimension_numbers=weight_dimension_numbers, mesh=mesh, shardings=shardings,
+      ns_dtype=jnp.dtype(ns_dtype or default_ns_dtype()), spread_axes=spread_axes,
+      exchange=exchange, chunk_bytes=chunk_bytes)
+
+
 def scale_by_muon(
     ns_coeffs: Any = 'standard',
     ns_steps: int | None = None,
@@ -207,8 +315,8 @@ def scale_by_muon(
     weight_dimension_numbers: MuonDimensionNumbers per leaf (tree, prefix or callable of the
       updates); None: every leaf is a 2-d (reduction, output) matrix.
     mesh: the device mesh; None: single device, or taken from NamedSharding shardings.
-    shardings: how the params are sharded (tree or prefix of NamedSharding / PartitionSpec);
-      None with a mesh: replicated.
+    shardings: how the params are sharded (tree or prefix of NamedSharding / PartitionSpec, or of
+      logical-axis tuples mapped by the rules current when traced); None with a mesh: replicated.
     ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere.
     spread_axes: replicated mesh axes over which a leaf's matrices are split (then all-gathered),
       or a callable of the leaf's path returning them; None: all of them for leaves that need an
@@ -218,75 +326,22 @@ def scale_by_muon(
       matrices and runs NS on all of them: the ZeRO-1 baseline).
     chunk_bytes: per-device payload of one exchange chunk; smaller chunks overlap more.
   """
-  coeffs = newton_schulz.schedule(ns_coeffs, ns_steps)
-  _check_dims(weight_dimension_numbers)
-  mesh = _check_shardings(shardings, mesh)
-  mesh_shape = dict(mesh.shape) if mesh is not None else {}
-  if not callable(spread_axes):
-    exchange_lib.resolve_spread_axes(spread_axes, '<all leaves>', mesh_shape)
-  if exchange not in exchange_lib.EXCHANGES:
-    raise ValueError(f'exchange: expected one of {exchange_lib.EXCHANGES}, got {exchange!r}')
-  ns_dtype = jnp.dtype(ns_dtype or default_ns_dtype())
-  ns = functools.partial(newton_schulz.orthogonalize, coeffs=coeffs, eps=eps)
-
-  def layouts(tree):
-    """Flat active leaves with their layouts, groups and specs."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_masked)
-    dims = treedef.flatten_up_to(resolve_dimension_numbers(weight_dimension_numbers, tree))
-    specs = ([None] * len(flat) if mesh is None
-             else treedef.flatten_up_to(_named_shardings(tree, shardings, mesh)))
-    active = [i for i, (_, x) in enumerate(flat) if not _is_masked(x)]
-    leaves = []
-    for i in active:
-      path, x = flat[i]
-      where = path_str(path) or '<root>'
-      leaves.append(exchange_lib.leaf_layout(
-          x.shape, specs[i] and specs[i].spec, leaf_dimension_numbers(dims[i], x.ndim, where),
-          mesh_shape, spread_axes, where))
-    groups = exchange_lib.plan_groups(leaves, [ns_dtype] * len(leaves), mesh_shape, exchange,
-                                      chunk_bytes)
-    return flat, treedef, active, leaves, groups, specs
-
-  def orthogonalize(tree):
-    flat, treedef, active, leaves, groups, specs = layouts(tree)
-    xs = [flat[i][1] for i in active]
-    run = functools.partial(exchange_lib.run, leaves=leaves, groups=groups, ns=ns,
-                            exchange=exchange)
-    if mesh is None:
-      ys = run(xs)
-    else:
-      in_specs = tuple(specs[i].spec for i in active)
-      ys = jax.shard_map(lambda xs: tuple(run(xs)), mesh=mesh, in_specs=(in_specs,),
-                         out_specs=in_specs, check_vma=False)(tuple(xs))
-    out = [x for _, x in flat]
-    for i, y in zip(active, ys):
-      out[i] = y
-    return treedef.unflatten(out)
-
-  def constrain(mu):
-    return mu if mesh is None else _constrain(mu, _named_shardings(mu, shardings, mesh))
+  orthogonalize = _orthogonalizer(ns_coeffs, ns_steps, eps, weight_dimension_numbers, mesh,
+                                  shardings, ns_dtype, spread_axes, exchange, chunk_bytes)
 
   def init_fn(params):
-    layouts(params)  # Fails here, naming the leaf, on dims or shardings that don't fit.
+    orthogonalize.layouts(params)  # Fails here, naming the leaf, on dims or shardings that misfit.
     mu = optax.tree.zeros_like(params, dtype=mu_dtype)
-    return MuonState(count=jnp.zeros([], jnp.int32), mu=constrain(mu))
+    return MuonState(count=jnp.zeros([], jnp.int32), mu=orthogonalize.constrain(mu))
 
   def update_fn(updates, state, params=None):
     del params
-    mu = optax.tree.update_moment(updates, state.mu, beta, 1)
-    count_inc = optax.safe_increment(state.count)
-    if nesterov:
-      mu_hat = jax.tree.map(
-          lambda m, g: beta * m + (1 - beta) * g,
-          optax.tree.bias_correction(mu, beta, optax.safe_increment(count_inc)),
-          optax.tree.bias_correction(updates, beta, count_inc))
-    else:
-      mu_hat = optax.tree.bias_correction(mu, beta, count_inc)
+    mu, mu_hat, count = _momentum(updates, state, beta, nesterov)
     new_updates = orthogonalize(mu_hat)
     if adaptive:
       new_updates = jax.tree.map(lambda x, y: jnp.sum(x.conj() * y) * y, mu_hat, new_updates)
-    mu = constrain(optax.tree.cast(mu, mu_dtype))
-    return new_updates, MuonState(count=count_inc, mu=mu)
+    mu = orthogonalize.constrain(optax.tree.cast(mu, mu_dtype))
+    return new_updates, MuonState(count=count, mu=mu)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -342,12 +397,10 @@ def muon(
     consistent_rms: float | None = None,
     mesh: Mesh | None = None,
     shardings: Any = None,
-    ns_dtype: Any = None,
-    spread_axes: exchange_lib.SpreadAxes = None,
-    exchange: str = 'all_to_all',
-    chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
+    **ns_options: Any,
 ) -> optax.GradientTransformation:
-  """Muon for matrices, AdamW for the rest; arguments as optax.contrib.muon and scale_by_muon.
+  """Muon for matrices, AdamW for the rest; arguments as optax.contrib.muon and scale_by_muon
+  (`ns_options`: its ns_dtype, spread_axes, exchange, chunk_bytes).
 
   `param_labels`: 'muon' / 'adam' per leaf (tree or callable of the params); None: Muon for leaves
   with dimension numbers (all 2-d leaves if `muon_weight_dimension_numbers` is None) outside paths
@@ -361,8 +414,7 @@ def muon(
               scale_by_muon(
                   ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov=nesterov,
                   adaptive=adaptive, weight_dimension_numbers=dims, mesh=mesh,
-                  shardings=shardings, ns_dtype=ns_dtype, spread_axes=spread_axes,
-                  exchange=exchange, chunk_bytes=chunk_bytes),
+                  shardings=shardings, **ns_options),
               scale_by_shape(dims, consistent_rms),
               optax.add_decayed_weights(weight_decay, weight_decay_mask),
               optax.scale_by_learning_rate(learning_rate),

@@ -2,14 +2,14 @@
 
   plan(shapes, shardings, mesh_shape, *, weight_dimension_numbers=None, param_labels=None,
        ns_coeffs='standard', ns_steps=None, ns_dtype='float32', mu_dtype=None,
-       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, rules=RULES,
+       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, rules=None,
        peak_flops=None, link_bandwidth=None) -> Plan
 
   shapes        pytree of objects with .shape and .dtype (e.g. jax.eval_shape(init_params, ...)).
   shardings     matching pytree (or prefix) of PartitionSpec / NamedSharding, or of logical-axis
                 tuples such as ('layers', 'embed', 'heads', 'head_dim'), mapped through `rules`
-                (research/parallel/sharding.py) and dropped where they don't divide, as
-                `tree_shardings` does.
+                (default: the current table, research/parallel/sharding.py) and dropped where
+                they don't divide, as `tree_shardings` does.
   mesh_shape    {axis: size}, any size (e.g. {'data': 8, 'fsdp': 64, 'expert': 32}); standard axes
                 left out have size 1.
   other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and link_bandwidth
@@ -31,7 +31,7 @@ import dataclasses
 import math
 import types
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -79,14 +79,10 @@ class Plan:
     return self.exchange_bytes_per_device / max(self.local_shard_bytes, 1)
 
 
-def _is_axes(x) -> bool:
-  return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-
-
 def _spec(s, shape: Sequence[int], mesh_shape: Mapping[str, int], rules) -> P:
   if isinstance(s, NamedSharding):
     return s.spec
-  if _is_axes(s):  # Logical axes: sharding.fit_spec only reads mesh.shape.
+  if sharding_lib.is_axes(s):  # Logical axes: sharding.fit_spec only reads mesh.shape.
     return sharding_lib.fit_spec(sharding_lib.spec(s, rules), shape,
                                  types.SimpleNamespace(shape=mesh_shape))
   return s or P()
@@ -97,31 +93,27 @@ def _local_elems(shape, spec: P, mesh_shape, where: str) -> int:
   return math.prod(n // math.prod(mesh_shape[a] for a in names) for n, names in zip(shape, axes))
 
 
-def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
-         weight_dimension_numbers: Any = None, param_labels: Any = None,
-         ns_coeffs: Any = 'standard', ns_steps: int | None = None, ns_dtype: Any = 'float32',
-         mu_dtype: Any = None, spread_axes: exchange_lib.SpreadAxes = None,
-         exchange: str = 'all_to_all', chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
-         rules: sharding_lib.Rules = sharding_lib.RULES, peak_flops: float | None = None,
-         link_bandwidth: float | None = None) -> Plan:
-  """Per-device NS FLOPs, exchange bytes and state bytes of one step (module docstring)."""
-  # The standard axes the rules may name default to size 1.
-  mesh_shape = {a: 1 for a in mesh_lib.AXES} | {a: int(n) for a, n in mesh_shape.items()}
-  for a, n in mesh_shape.items():
-    if n < 1:
-      raise ValueError(f'mesh_shape: axis {a!r} has size {n}')
-  steps = len(newton_schulz.schedule(ns_coeffs, ns_steps))
-  ns_dtype = np.dtype(ns_dtype)
+class _MuonLeaves(NamedTuple):
+  """The Muon leaves' layouts, with what the per-leaf pass measures."""
+  leaves: list[exchange_lib.Leaf]
+  dtypes: list[np.dtype]                 # NS dtype of each.
+  global_counts: list[int]               # Matrices in each, whole mesh.
+  local_bytes: float                     # Muon leaves' shards, param dtype.
+  state_bytes: float                     # Muon momentum and AdamW moments.
+
+
+def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_labels, ns_dtype,
+                 mu_dtype, spread_axes, rules) -> _MuonLeaves:
+  """Layouts of the Muon leaves, their shard bytes and every leaf's optimizer-state bytes."""
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   sh_flat = treedef.flatten_up_to(jax.tree.map(
       lambda s, sub: jax.tree.map(lambda _: s, sub), shardings, shapes,
-      is_leaf=lambda x: x is None or _is_axes(x) or isinstance(x, (P, NamedSharding))))
+      is_leaf=lambda x: x is None or sharding_lib.is_axes(x) or isinstance(x, (P, NamedSharding))))
   dims = treedef.flatten_up_to(
       muon_lib.resolve_dimension_numbers(weight_dimension_numbers, shapes))
   labels = param_labels if param_labels is not None else muon_lib.default_param_labels(
       shapes, weight_dimension_numbers)
   labels = treedef.flatten_up_to(labels(shapes) if callable(labels) else labels)
-
   leaves, dtypes, global_counts, local_bytes, state_bytes = [], [], [], 0, 0
   for (path, x), s, d, label in zip(flat, sh_flat, dims, labels):
     where = muon_lib.path_str(path) or '<root>'
@@ -139,9 +131,20 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
       global_counts.append(math.prod(x.shape) // math.prod(d.size for d in leaf.dims))
     else:
       state_bytes += local * (moment + itemsize)
+  return _MuonLeaves(leaves, dtypes, global_counts, local_bytes, state_bytes)
 
-  groups, flops, total_flops, sent, chunks = [], 0, 0, 0.0, 0
-  for g in exchange_lib.plan_groups(leaves, dtypes, mesh_shape, exchange, chunk_bytes):
+
+class _GroupCost(NamedTuple):
+  plan: GroupPlan
+  ns_flops: float                        # Per device.
+  chunks: int
+
+
+def _group_costs(muon: _MuonLeaves, mesh_shape, exchange: str, chunk_bytes: int,
+                 steps: int) -> list[_GroupCost]:
+  """Each exchange group's plan, per-device NS FLOPs and chunk count."""
+  out = []
+  for g in exchange_lib.plan_groups(muon.leaves, muon.dtypes, mesh_shape, exchange, chunk_bytes):
     per_device = sum(g.chunks)
     s, r, item = g.exchange_size, g.spread_size, g.dtype.itemsize
     if exchange == 'all_gather':
@@ -149,20 +152,42 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
     else:
       payload = g.padded // r * g.local_elems * item
       bytes_ = 2 * (s - 1) / s * payload + (r - 1) * payload
-    matrices = sum(global_counts[i] for i in g.leaves)
-    groups.append(GroupPlan(g.shape, matrices, per_device, s, r, bytes_))
-    flops += per_device * newton_schulz.flops(*g.shape, steps)
-    total_flops += matrices * newton_schulz.flops(*g.shape, steps)
-    sent += bytes_
-    chunks += len(g.chunks)
-
-  devices = math.prod(mesh_shape.values())
-  out = Plan(num_devices=devices, ns_flops_per_device=flops, ns_flops_total=total_flops,
-             exchange_bytes_per_device=sent, local_shard_bytes=local_bytes,
-             state_bytes_per_device=state_bytes, num_chunks=max(chunks, 1), groups=tuple(groups))
-  if peak_flops and link_bandwidth:
-    compute, comm = flops / peak_flops, sent / link_bandwidth
-    out = dataclasses.replace(
-        out, compute_seconds=compute, exchange_seconds=comm,
-        step_seconds=max(compute, comm) + min(compute, comm) / out.num_chunks)
+    matrices = sum(muon.global_counts[i] for i in g.leaves)
+    out.append(_GroupCost(GroupPlan(g.shape, matrices, per_device, s, r, bytes_),
+                          per_device * newton_schulz.flops(*g.shape, steps), len(g.chunks)))
   return out
+
+
+def _with_seconds(out: Plan, peak_flops: float, link_bandwidth: float) -> Plan:
+  compute = out.ns_flops_per_device / peak_flops
+  comm = out.exchange_bytes_per_device / link_bandwidth
+  return dataclasses.replace(
+      out, compute_seconds=compute, exchange_seconds=comm,
+      step_seconds=max(compute, comm) + min(compute, comm) / out.num_chunks)
+
+
+def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
+         weight_dimension_numbers: Any = None, param_labels: Any = None,
+         ns_coeffs: Any = 'standard', ns_steps: int | None = None, ns_dtype: Any = 'float32',
+         mu_dtype: Any = None, spread_axes: exchange_lib.SpreadAxes = None,
+         exchange: str = 'all_to_all', chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
+         rules: sharding_lib.Rules | None = None, peak_flops: float | None = None,
+         link_bandwidth: float | None = None) -> Plan:
+  """Per-device NS FLOPs, exchange bytes and state bytes of one step (module docstring)."""
+  # The standard axes the rules may name default to size 1.
+  mesh_shape = {a: 1 for a in mesh_lib.AXES} | {a: int(n) for a, n in mesh_shape.items()}
+  for a, n in mesh_shape.items():
+    if n < 1:
+      raise ValueError(f'mesh_shape: axis {a!r} has size {n}')
+  steps = len(newton_schulz.schedule(ns_coeffs, ns_steps))
+  muon = _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_labels,
+                      np.dtype(ns_dtype), mu_dtype, spread_axes, rules)
+  costs = _group_costs(muon, mesh_shape, exchange, chunk_bytes, steps)
+  groups = tuple(c.plan for c in costs)
+  out = Plan(num_devices=math.prod(mesh_shape.values()),
+             ns_flops_per_device=sum(c.ns_flops for c in costs),
+             ns_flops_total=sum(g.matrices * newton_schulz.flops(*g.shape, steps) for g in groups),
+             exchange_bytes_per_device=sum((g.exchange_bytes for g in groups), 0.0),
+             local_shard_bytes=muon.local_bytes, state_bytes_per_device=muon.state_bytes,
+             num_chunks=max(sum(c.chunks for c in costs), 1), groups=groups)
+  return _with_seconds(out, peak_flops, link_bandwidth) if peak_flops and link_bandwidth else out

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh
 
 AXES = ('data', 'fsdp', 'expert', 'tensor')
-BATCH_AXES = ('data', 'fsdp', 'expert')  # Axes that split the tokens of dense layers.
+BATCH_MESH_AXES = ('data', 'fsdp', 'expert')  # Mesh axes that split the tokens of dense layers.
 
 
 def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
@@ -52,9 +52,11 @@ def make_mesh(spec: str | Mapping[str, int],
                        devices=devices[:need])
 
 
-def axis_size(mesh: Mesh, axes: str | Sequence[str] | None) -> int:
+def axis_size(mesh: Mesh | Mapping[str, int], axes: str | Sequence[str] | None) -> int:
+  """Devices along `axes` of a mesh (or a {axis: size} shape)."""
+  shape = mesh if isinstance(mesh, Mapping) else mesh.shape
   if axes is None:
     return 1
   if isinstance(axes, str):
     axes = (axes,)
-  return int(np.prod([mesh.shape[a] for a in axes]))
+  return int(np.prod([shape[a] for a in axes]))

@@ -29,27 +29,31 @@ from research.metrics.writer import MetricsWriter
 from research.model import config as model_config
 from research.parallel import distributed
 from research.parallel import mesh as mesh_lib
+from research.parallel import sharding
 from research.train import optimizer as optim
 from research.train.step import TrainState, Trainer, loss_fn
 
 
 
-def check_divisible(cfg: model_config.ModelConfig, mesh_shape: dict[str, int], batch_size: int):
-  """Fails at start, naming the field, when a dimension does not divide its mesh axes."""
-  batch_ways = mesh_shape['data'] * mesh_shape['fsdp'] * mesh_shape['expert']
+def check_divisible(cfg: model_config.ModelConfig, mesh_shape: dict[str, int], batch_size: int,
+                    rules: sharding.Rules = sharding.RULES):
+  """Fails at start, naming the field and the mesh axes its logical axis's rule lays it out on,
+  when a size does not divide them."""
   checks = [
-      ('data.batch_size', batch_size, batch_ways, 'data*fsdp*expert'),
-      ('model.num_experts', cfg.num_experts, mesh_shape['expert'], 'expert'),
-      ('model.d_model', cfg.d_model, mesh_shape['fsdp'], 'fsdp'),
-      ('model.num_heads', cfg.num_heads, mesh_shape['tensor'], 'tensor'),
-      ('model.d_expert', cfg.d_expert, mesh_shape['tensor'], 'tensor'),
-      ('model.d_ff', cfg.d_ff, mesh_shape['tensor'], 'tensor'),
-      ('model.vocab_size', cfg.vocab_size, mesh_shape['tensor'], 'tensor'),
+      ('data.batch_size', batch_size, 'act_batch'),
+      ('model.num_experts', cfg.num_experts, 'experts'),
+      ('model.d_model', cfg.d_model, 'embed'),
+      ('model.num_heads', cfg.num_heads, 'heads'),
+      ('model.d_expert', cfg.d_expert, 'expert_mlp'),
+      ('model.d_ff', cfg.d_ff, 'mlp'),
+      ('model.vocab_size', cfg.vocab_size, 'vocab'),
   ]
-  for field, value, ways, axes in checks:
+  for field, value, logical in checks:
+    axes = sharding.mesh_axes(logical, rules)
+    ways = mesh_lib.axis_size(mesh_shape, axes)
     if value % ways:
-      raise ValueError(f'{field}={value} is not divisible by the mesh axes {axes} (= {ways}) '
-                       f'of mesh {mesh_shape}')
+      raise ValueError(f'{field}={value} is not divisible by the mesh axes {"*".join(axes)} '
+                       f'(= {ways}) of rules[{logical!r}], of mesh {mesh_shape}')
 
 
 def setup(config: ml_collections.ConfigDict):

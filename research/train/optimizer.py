@@ -16,7 +16,6 @@ from research.model import transformer
 from research.model.config import ModelConfig
 from research.optim import muon as muon_lib
 from research.optim.qk_clip import QKClipTarget
-from research.parallel import sharding
 
 OPTIMIZERS = ('adamw', 'muon')
 BATCH_AXES = ('layers', 'experts')   # Stacked matrices: each slice is orthogonalized on its own.
@@ -52,17 +51,14 @@ def _muon(cfg: ml_collections.ConfigDict, lr, total_steps: int, model_cfg: Model
   is_axes = lambda x: isinstance(x, tuple)
   dims = jax.tree.map(lambda a: dimension_numbers(a, cfg.get('muon_per_head', False)), axes,
                       is_leaf=is_axes)
-  shardings = None
-  if mesh is not None:
-    shapes = jax.eval_shape(lambda: transformer.init(model_cfg, jax.random.key(0)))
-    shardings = sharding.tree_shardings(axes, shapes, mesh)
   return muon_lib.muon(
       lr, ns_coeffs=cfg.get('ns_coeffs', 'standard'), beta=cfg.get('beta', 0.95),
       weight_decay=cfg.weight_decay, adam_weight_decay=cfg.weight_decay,
       adam_b1=cfg.b1, adam_b2=cfg.b2, consistent_rms=cfg.get('consistent_rms', 0.2),
       adam_learning_rate=lr if not cfg.get('adam_learning_rate') else schedule(
           ml_collections.ConfigDict({**cfg.to_dict(), 'learning_rate': cfg.adam_learning_rate}), total_steps),
-      muon_weight_dimension_numbers=dims, mesh=mesh, shardings=shardings)
+      muon_weight_dimension_numbers=dims, mesh=mesh,
+      shardings=None if mesh is None else axes)  # Laid out by the rules the Trainer traces under.
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, total_steps: int,

@@ -20,7 +20,6 @@ from research.model import transformer
 from research.model.config import ModelConfig
 from research.parallel import sharding
 from research.optim.qk_clip import qk_clip
-from research.parallel.mesh import BATCH_AXES
 from research.train import optimizer as optim
 
 
@@ -94,7 +93,12 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConf
 
 @dataclasses.dataclass
 class Trainer:
-  """Sharded init and the jitted step for one model config, optimizer and mesh."""
+  """Sharded init and the jitted step for one model config, optimizer and mesh.
+
+  `rules` lays out everything: the params and batch here, and, being the current table while init
+  and the step are traced, the activations (`constrain`), the expert layer's shard_map and the
+  optimizer state of an optimizer given logical-axis shardings (Muon from train/optimizer.py).
+  """
   cfg: ModelConfig
   tx: optax.GradientTransformation
   mesh: Mesh
@@ -106,14 +110,21 @@ class Trainer:
     shapes = jax.eval_shape(lambda: transformer.init(self.cfg, jax.random.key(0)))
     self.param_shardings = sharding.tree_shardings(transformer.param_axes(self.cfg), shapes,
                                                    self.mesh, self.rules)
-    self.batch_sharding = NamedSharding(self.mesh, P(BATCH_AXES))
+    self.batch_sharding = NamedSharding(self.mesh, sharding.spec(('act_batch',), self.rules))
+
+  def with_rules(self, fn: Callable) -> Callable:
+    """fn with this trainer's rules current: a jit of it traces (and caches) under them."""
+    def traced(*args, **kwargs):
+      with sharding.use_rules(self.rules):
+        return fn(*args, **kwargs)
+    return traced
 
   def init(self, rng: jax.Array) -> TrainState:
     with jax.set_mesh(self.mesh):
       params = jax.jit(transformer.init, static_argnums=0,
                        out_shardings=self.param_shardings)(self.cfg, rng)
-      # Optimizer state follows the params' shardings through propagation.
-      opt_state = jax.jit(self.tx.init)(params)
+      # Optimizer state follows the params' shardings (Muon constrains it by the rules).
+      opt_state = jax.jit(self.with_rules(self.tx.init))(params)
     step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
     state = TrainState(step, params, opt_state)
     self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
@@ -121,7 +132,8 @@ class Trainer:
 
   def step_fn(self) -> Callable:
     step = jax.jit(
-        functools.partial(train_step, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau),
+        self.with_rules(functools.partial(train_step, cfg=self.cfg, tx=self.tx,
+                                           qk_clip_tau=self.qk_clip_tau)),
         in_shardings=(self.state_shardings, self.batch_sharding, None),
         out_shardings=(self.state_shardings, None),
         donate_argnums=0)
