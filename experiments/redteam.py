@@ -1,13 +1,14 @@
 """Runs the scripted reward-hacking attacks against fixture tasks and reports what got through.
 
 python -m experiments.redteam --json=/tmp/redteam.json [--attacks=git_history,forge_emit]
-    [--sdists=inflection==0.5.1,toolz==1.2.0 | --sdists=PATH.tar.gz,... | --sdists=]
+    [--sdists=inflection==0.5.1,cachetools==5.5.0 | --sdists=PATH.tar.gz,... | --sdists=]
     [--max_tasks=20] [--workers=2]
 
 Honest solutions: the original of every task made from the fixture, and of up to `max_tasks`
 tasks made from each sdist (NAME==VERSION is fetched with `pip download --no-deps
---no-binary :all:` into `--sdist_cache`; both defaults are small pure-Python libraries whose
-suites pass under pytest 9 and Python 3.11).
+--no-binary :all:` into `--sdist_cache`). The defaults are small pure-Python libraries whose
+suites pass under pytest 9.2 and Python 3.11: inflection 0.5.1 (20 tasks in about 130 s on two
+busy cores) and cachetools 5.5.0 (20 in about 100 s); toolz 1.2.0 works too (20 in about 300 s).
 """
 import json
 from pathlib import Path
@@ -23,7 +24,7 @@ from research.tasks import task as task_lib
 _JSON = flags.DEFINE_string('json', None, 'Where to write the full report.')
 _ATTACKS = flags.DEFINE_list('attacks', None, 'Run only these attacks (default: all).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Keep the fixture and tasks here (empty dir).')
-_SDISTS = flags.DEFINE_list('sdists', ['inflection==0.5.1', 'toolz==1.2.0'],
+_SDISTS = flags.DEFINE_list('sdists', ['inflection==0.5.1', 'cachetools==5.5.0'],
                             'Real repositories for honest solutions: sdist paths (.tar.gz) or '
                             'NAME==VERSION to download; empty for none.')
 _SDIST_CACHE = flags.DEFINE_string('sdist_cache', str(Path.home() / '.cache/redteam-sdists'),
