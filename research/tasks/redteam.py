@@ -23,7 +23,6 @@ from typing import Sequence
 
 from research.tasks import factory
 from research.tasks import fixtures
-from research.tasks import grading
 from research.tasks import patch as patch_lib
 from research.tasks import pool as pool_lib
 from research.tasks import sandbox
