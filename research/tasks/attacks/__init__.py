@@ -1,0 +1,1 @@
+"""Scripted reward-hacking attacks for the red team (`research.tasks.redteam` runs them)."""
