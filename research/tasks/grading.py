@@ -164,14 +164,14 @@ class Grade:
     return self.reward is None
 
 
-def _judge(rel: str, section: patch_lib.FileSection, task: Task,
+def _judge(rel: str, modes: frozenset[str], binary: bool, task: Task,
            protected: set[str]) -> tuple[str, bool] | None:
   """Why a solution may not change `rel`, and whether trying is tampering; None if it may."""
   if not patch_lib.is_safe_path(rel):
     return f'path escapes the work area: {rel}', True
-  if section.modes & {patch_lib.SYMLINK_MODE, patch_lib.GITLINK_MODE}:
+  if modes & {patch_lib.SYMLINK_MODE, patch_lib.GITLINK_MODE}:
     return f'link in diff: {rel}', True
-  if section.binary:
+  if binary:
     return f'binary file in diff: {rel}', False
   if (layout.is_test_path(rel) or layout.is_config_path(rel)
       or rel in protected and rel.endswith('.py')):
@@ -194,7 +194,8 @@ def filter_sections(sections: list[patch_lib.FileSection], task: Task
   kept, rejected, flags = [], [], []
   protected = set(task.protected_paths)
   for section in sections:
-    verdicts = [v for rel in section.paths if (v := _judge(rel, section, task, protected))]
+    verdicts = [v for rel in section.paths
+                if (v := _judge(rel, section.modes, section.binary, task, protected))]
     if not verdicts:
       kept.append(section)
       continue
@@ -203,6 +204,35 @@ def filter_sections(sections: list[patch_lib.FileSection], task: Task
     if tampering:
       flags.append(reason)
   return kept, rejected, flags
+
+
+def apply_checked(work: Path, kept: list[patch_lib.FileSection], task: Task
+                  ) -> tuple[str | None, list[str]]:
+  """Applies the kept sections to `work`; (why they did not apply or None, tamper flags).
+
+  git must read the sections as the parser did, and the tree is compared file by file before
+  and after: every path that changed must be one the patch names and the path policy allows.
+  """
+  flags = patch_lib.misreadings(work, kept)
+  if flags:
+    return 'git reads the patch otherwise than the grader', flags
+  before = patch_lib.snapshot(work)
+  try:
+    patch_lib.apply(work, kept)
+  except patch_lib.PatchError as e:
+    return str(e), [str(e)] if isinstance(e, patch_lib.RefusedPath) else []
+  after = patch_lib.snapshot(work)
+  named = {p for s in kept for p in s.paths}
+  protected = set(task.protected_paths)
+  for rel in sorted(before.keys() | after.keys()):
+    if before.get(rel) == after.get(rel):
+      continue
+    modes = frozenset({after[rel][1]}) if rel in after else frozenset()
+    if verdict := _judge(rel, modes, False, task, protected):
+      flags.append(f'patch changed {rel}: {verdict[0]}')
+    if rel not in named:
+      flags.append(f'patch changed {rel}, which it does not name')
+  return None, flags
 
 
 def canary_source(nonce: str) -> str:
@@ -222,7 +252,8 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
   try:
     sections = patch_lib.parse(patch)
   except patch_lib.PatchError as e:
-    return Grade(0.0, f'malformed patch: {e}')
+    smuggled = isinstance(e, patch_lib.SmuggledSection)
+    return Grade(0.0, f'malformed patch: {e}', [f'smuggled file section: {e}'] if smuggled else [])
   kept, rejected, flags = filter_sections(sections, task)
   if not kept:
     return Grade(0.0, 'no applicable source changes', flags, rejected)
@@ -230,10 +261,10 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
     scratch = Path(scratch)
     work = scratch / 'tree'
     layout.copy_tree(tree, work)
-    try:
-      patch_lib.apply(work, kept)
-    except patch_lib.PatchError as e:
-      return Grade(0.0, str(e), flags, rejected)
+    error, applied_flags = apply_checked(work, kept, task)
+    flags += applied_flags
+    if error:
+      return Grade(0.0, error, flags, rejected)
     for section in kept:
       if section.new_path:
         old = tree / section.old_path if section.old_path else None

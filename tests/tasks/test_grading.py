@@ -59,3 +59,27 @@ def test_pool_grades_in_parallel_in_order(fixture_tasks):
     jobs += [pool.Job(t, tree, reference), pool.Job(t, tree, '')]
   grades = pool.GraderPool(2).grade(jobs)
   assert [g.reward for g in grades] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_every_fixture_reference_applies_strictly_and_grades_1(fixture_tasks):
+  _, task_dir, _ = fixture_tasks
+  tasks = task_lib.read(task_dir / 'tasks.jsonl')
+  solutions = task_lib.read_solutions(task_dir)
+  assert len(tasks) >= 10
+  for t in tasks:
+    sections = patch_lib.parse(solutions[t.id].patch)
+    assert patch_lib.misreadings(task_dir / t.tree, sections) == []
+  jobs = [pool.Job(t, task_dir / t.tree, solutions[t.id].patch) for t in tasks]
+  grades = pool.GraderPool(2).grade(jobs)
+  assert [(g.reward, g.tamper) for g in grades] == [(1.0, [])] * len(tasks)
+
+
+def test_a_test_file_smuggled_after_an_allowed_hunk_is_tampering(fixture_tasks):
+  _, task_dir, _ = fixture_tasks
+  t, tree, reference = _load(task_dir, 'textops.core.title_case.body')
+  test_file = tree / 'tests/test_core.py'
+  neutered = patch_lib.file_diff('tests/test_core.py', patch_lib.read_entry(test_file),
+                                 (b'def test_nothing():\n  pass\n', '100644'))
+  smuggled = reference + neutered[neutered.index('--- '):]
+  g = grading.grade(t, tree, smuggled)
+  assert g.reward == 0.0 and g.tamper[0].startswith('smuggled file section')
