@@ -220,7 +220,7 @@ def apply_checked(work: Path, kept: list[patch_lib.FileSection], task: Task
   try:
     patch_lib.apply(work, kept)
   except patch_lib.PatchError as e:
-    return str(e), [str(e)] if isinstance(e, patch_lib.RefusedPath) else []
+    return str(e), e.flags
   after = patch_lib.snapshot(work)
   named = {p for s in kept for p in s.paths}
   protected = set(task.protected_paths)
@@ -252,8 +252,7 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
   try:
     sections = patch_lib.parse(patch)
   except patch_lib.PatchError as e:
-    smuggled = isinstance(e, patch_lib.SmuggledSection)
-    return Grade(0.0, f'malformed patch: {e}', [f'smuggled file section: {e}'] if smuggled else [])
+    return Grade(0.0, f'malformed patch: {e}', e.flags)
   kept, rejected, flags = filter_sections(sections, task)
   if not kept:
     return Grade(0.0, 'no applicable source changes', flags, rejected)

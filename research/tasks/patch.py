@@ -13,14 +13,22 @@ SYMLINK_MODE, GITLINK_MODE = '120000', '160000'
 
 class PatchError(ValueError):
   """A patch that cannot be parsed or applied."""
+  tampering = False
+
+  @property
+  def flags(self) -> list[str]:
+    """Tamper flags for the grade: errors no honest patch can cause."""
+    return [f'{type(self).__doc__.split(":")[0]}: {self}'] if self.tampering else []
 
 
 class SmuggledSection(PatchError):
-  """A file section git would apply that is not where a `diff --git` line starts one."""
+  """Smuggled file section: one git applies without a `diff --git` line starting it."""
+  tampering = True
 
 
 class RefusedPath(PatchError):
-  """A path git refuses to write (through a symlink, or not a valid path)."""
+  """Path git refuses: it would write through a symlink, or is not a valid path."""
+  tampering = True
 
 
 @dataclasses.dataclass(frozen=True)

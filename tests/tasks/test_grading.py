@@ -82,4 +82,4 @@ def test_a_test_file_smuggled_after_an_allowed_hunk_is_tampering(fixture_tasks):
                                  (b'def test_nothing():\n  pass\n', '100644'))
   smuggled = reference + neutered[neutered.index('--- '):]
   g = grading.grade(t, tree, smuggled)
-  assert g.reward == 0.0 and g.tamper[0].startswith('smuggled file section')
+  assert g.reward == 0.0 and g.tamper[0].startswith('Smuggled file section: line ')

@@ -186,5 +186,5 @@ def test_a_path_git_refuses_is_tampering(tmp_path):
   os.symlink('../elsewhere', tree / 'pkg/sub')
   sections = patch_lib.parse(patch_lib.file_diff('pkg/sub/evil.py', None, (b'x\n', '100644')))
   error, flags = grading.apply_checked(tree, sections, _task())
-  assert 'beyond a symbolic link' in error and flags == [error]
+  assert 'beyond a symbolic link' in error and flags == [f'Path git refuses: {error}']
   assert not (tmp_path / 't/elsewhere/evil.py').exists()
