@@ -174,7 +174,8 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   if config_file:
     pytest_args += ['-c', str(tree / config_file)]
   marker = f'runner started {secrets.token_hex(8)}'
-  config = {'pytest_args': pytest_args, 'marker': marker,
+  config = {'pytest_args': pytest_args, 'marker': marker, 'tree': str(tree),
+            'test_dirs': sorted(layout.TEST_DIRS),
             'prepend_path': [str(tree / p) if p else str(tree) for p in python_path],
             'append_path': list(site_dirs)}
   if coverage_source:

@@ -63,6 +63,22 @@ def _hooks(pm):
                             for name, caller in vars(pm.hook).items()}
 
 
+def _in_solution(plugin, tree, test_dirs):
+  """Whether a plugin is defined in the tree outside conftest files and test directories: in
+  code the solution may write."""
+  module = plugin if hasattr(plugin, '__file__') else sys.modules.get(type(plugin).__module__)
+  path = os.path.realpath(getattr(module, '__file__', None) or '/')
+  parts = os.path.relpath(path, tree).split(os.sep)
+  return (path.startswith(tree + os.sep) and parts[-1] != 'conftest.py'
+          and not set(parts[:-1]) & set(test_dirs))
+
+
+def _orphan_hooks(pm):
+  plugins = pm.get_plugins()
+  return [f'hook implemented outside any plugin: {name}' for name, caller in vars(pm.hook).items()
+          for impl in caller.get_hookimpls() if impl.plugin not in plugins]
+
+
 def _same_hooks(before, after):
   (plugins, callers), (plugins_now, callers_now) = before, after
   return plugins == plugins_now and callers.keys() == callers_now.keys() and all(
@@ -73,14 +89,17 @@ def _same_hooks(before, after):
 class Reporter:
   """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
 
-  def __init__(self, fd, coverage=None):
+  def __init__(self, fd, tree, test_dirs, coverage=None):
     self._fd = fd
+    self._tree = os.path.realpath(tree)
+    self._test_dirs = test_dirs
     self._seq = 0
     self._cov = coverage
     self._watched = []
     self._tests = {}
     self._hooks = None
     self._config = None
+    self._early = []  # Problems found once: at a plugin's registration, after collection.
     self._attributes = frozenset(vars(self)) | {'_attributes'}
 
   def emit(self, kind, **fields):
@@ -93,8 +112,9 @@ class Reporter:
 
   def problems(self):
     """What changed since the tests were collected that only tampering explains."""
-    out = [f'patched at run time: {owner}.{name}' for owner, name, space, value in self._watched
-           if space.get(name) is not value]
+    out = self._early + [f'patched at run time: {owner}.{name}'
+                         for owner, name, space, value in self._watched
+                         if space.get(name) is not value]
     if vars(self).keys() != self._attributes or type(self) is not _REPORTER:
       out.append('reporter changed: ' + ', '.join(sorted(vars(self).keys() - self._attributes)))
     for nodeid, (item, chain) in self._tests.items():
@@ -102,11 +122,17 @@ class Reporter:
       if _functions(chain[0][0]) != chain or obj is not None and (
           getattr(obj, '__func__', obj) is not chain[0][0]):
         out.append(f'test code replaced: {nodeid}')
-    if self._hooks is not None and not _same_hooks(self._hooks, _hooks(self._config.pluginmanager)):
+    config = self._config
+    if config is not None and not _same_hooks(self._hooks, _hooks(config.pluginmanager)):
       out.append('pytest plugins or hooks changed')
     return sorted(set(out))
 
   # pytest hooks.
+  def pytest_plugin_registered(self, plugin, manager):
+    # Called for every plugin, those registered before this one included.
+    if _in_solution(plugin, self._tree, self._test_dirs):
+      self._early.append(f'plugin registered by code under test: {manager.get_name(plugin)}')
+
   def pytest_sessionstart(self, session):
     self.emit('session_start', rootdir=str(session.config.rootpath))
 
@@ -118,8 +144,9 @@ class Reporter:
     self._config = session.config
     self._tests = {item.nodeid: (item, _functions(getattr(item, 'obj', None)))
                    for item in session.items if callable(getattr(item, 'obj', None))}
-    self._hooks = _hooks(session.config.pluginmanager)
     pm = session.config.pluginmanager
+    self._early += _orphan_hooks(pm)
+    self._hooks = _hooks(pm)
     self.watch({'PluginManager': (vars(pm), None),
                 'PluginManager class': (vars(type(pm)), None),
                 'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
@@ -164,7 +191,7 @@ def main():
     import coverage
     cov = coverage.Coverage(data_file=config['coverage_file'], source=config['coverage_source'],
                             config_file=False)
-  reporter = Reporter(fd, cov)
+  reporter = Reporter(fd, config['tree'], config['test_dirs'], cov)
   reporter.emit('runner_start', pid=os.getpid())
   import pytest
   reporter.watch(_watched())
