@@ -106,6 +106,15 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
 
 
 _SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)(?: - .*)?$', re.M)
+_VERBOSE_PASS = re.compile(r'^(\S+::\S+) PASSED', re.M)
+
+
+def _claims(output: str) -> dict[str, set[str]]:
+  """Nodeids per word of pytest's summary lines (PASSED, FAILED, ...) in `output`."""
+  lines = collections.defaultdict(set)
+  for word, nodeid in _SUMMARY.findall(output):
+    lines[word].add(nodeid)
+  return lines
 
 
 def cross_check(outcomes: dict[str, str], output: str, returncode: int) -> list[str]:
@@ -114,17 +123,18 @@ def cross_check(outcomes: dict[str, str], output: str, returncode: int) -> list[
   expected = 1 if failed else 0 if outcomes else 5
   problems = [] if returncode == expected else [
       f'exit status {returncode} does not match the report (expected {expected})']
-  head, marker, summary = output.rpartition('short test summary info')
+  reported = {n for n, o in outcomes.items() if o == PASSED}
+  anywhere = _claims(output)
+  claimed = anywhere['PASSED'] - anywhere['FAILED'] - anywhere['ERROR']
+  problems += [f'output claims {n} passed' for n in sorted(
+      (claimed | set(_VERBOSE_PASS.findall(output))) - reported)[:3]]
+  _, marker, summary = output.rpartition('short test summary info')
   if not marker:
     return problems + (['pytest printed no test summary'] if outcomes else [])
-  lines = collections.defaultdict(set)
-  for word, nodeid in _SUMMARY.findall(summary):
-    lines[word].add(nodeid)
-  printed = lines['PASSED'] - lines['FAILED'] - lines['ERROR']
-  reported = {n for n, o in outcomes.items() if o == PASSED}
-  if printed != reported:
-    problems.append(f'pytest printed other passes than the report: '
-                    f'{sorted(printed ^ reported)[:3]}')
+  printed = _claims(summary)
+  passes = printed['PASSED'] - printed['FAILED'] - printed['ERROR']
+  if passes != reported:
+    problems.append(f'pytest printed other passes than the report: {sorted(passes ^ reported)[:3]}')
   return problems
 
 

@@ -189,3 +189,18 @@ def test_in_process_forging_is_caught(fixture_tasks, monkeypatch, name):
     g = grading.grade(t, tree, _attack(tree, t, trick, at_import=True))
     assert g.reward == 0.0
     assert 'plugin registered by code under test: ' in ' '.join(g.tamper), g.tamper
+
+
+def test_cross_check_reads_pytest_summary_and_exit_status():
+  outcomes = {'t.py::a': 'passed', 't.py::b': 'failed', 't.py::c': 'error'}
+  summary = ('== short test summary info ==\nPASSED t.py::a\nFAILED t.py::b - assert 1 == 2\n'
+             'PASSED t.py::c\nERROR t.py::c - teardown\n1 failed, 1 passed, 1 error in 0.1s\n')
+  assert grading.cross_check(outcomes, summary, 1) == []
+  assert grading.cross_check(outcomes, summary, 0) == [
+      'exit status 0 does not match the report (expected 1)']
+  forged = {**outcomes, 't.py::b': 'passed'}
+  assert grading.cross_check(forged, summary, 1) == [
+      "pytest printed other passes than the report: ['t.py::b']"]
+  assert grading.cross_check(outcomes, 't.py::b PASSED\n' + summary, 1) == [
+      'output claims t.py::b passed']
+  assert grading.cross_check(outcomes, 'no summary', 1) == ['pytest printed no test summary']
