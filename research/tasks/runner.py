@@ -88,6 +88,9 @@ def _same_hooks(before, after):
 
 class Reporter:
   """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
+  # No instance dict: nothing can shadow a method on the instance.
+  __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
+               '_config', '_early')
 
   def __init__(self, fd, tree, test_dirs, coverage=None):
     self._fd = fd
@@ -100,7 +103,6 @@ class Reporter:
     self._hooks = None
     self._config = None
     self._early = []  # Problems found once: at a plugin's registration, after collection.
-    self._attributes = frozenset(vars(self)) | {'_attributes'}
 
   def emit(self, kind, **fields):
     line = _DUMPS({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True) + '\n'
@@ -115,13 +117,16 @@ class Reporter:
     out = self._early + [f'patched at run time: {owner}.{name}'
                          for owner, name, space, value in self._watched
                          if space.get(name) is not value]
-    if vars(self).keys() != self._attributes or type(self) is not _REPORTER:
-      out.append('reporter changed: ' + ', '.join(sorted(vars(self).keys() - self._attributes)))
+    if type(self) is not _REPORTER:
+      out.append(f'reporter changed: class {type(self).__name__}')
     for nodeid, (item, chain) in self._tests.items():
       obj = item.__dict__.get('_obj')
       if _functions(chain[0][0]) != chain or obj is not None and (
           getattr(obj, '__func__', obj) is not chain[0][0]):
         out.append(f'test code replaced: {nodeid}')
+      # An instance attribute that shadows a method, e.g. `item.runtest = lambda: None`.
+      out += [f'test item changed: {nodeid}.{name}' for name in vars(item)
+              if callable(getattr(type(item), name, None))]
     config = self._config
     if config is not None and not _same_hooks(self._hooks, _hooks(config.pluginmanager)):
       out.append('pytest plugins or hooks changed')

@@ -95,13 +95,28 @@ def _forged(kind, fields):
   return {**fields, 'outcome': 'passed', 'message': ''} if kind == 'test' else fields
 '''
 ATTACKS = {
-    'reporter method overridden on the instance': ('reporter changed: emit', _FORGE_OUTCOME + '''
+    'reporter method overridden on the instance': ('reporter changed: class', _FORGE_OUTCOME + '''
+class _Forging:
+  __slots__ = ()
+
+  def emit(self, kind, **fields):
+    super().emit(kind, **_forged(kind, fields))
+
 def _trick():
   import gc
   for o in gc.get_objects():
-    if type(o).__name__ == 'Reporter' and 'emit' not in vars(o):
-      real = o.emit
-      o.emit = lambda kind, **fields: real(kind, **_forged(kind, fields))
+    if type(o).__name__ == 'Reporter':
+      try:  # Refused: the reporter has no instance dict.
+        o.emit = lambda kind, **fields: type(o).emit(o, kind, **_forged(kind, fields))
+      except AttributeError:
+        o.__class__ = type('Forging', (_Forging, type(o)), {'__slots__': ()})
+'''),
+    'test item method shadowed on the instance': ('test item changed', '''
+def _trick():
+  import gc
+  for o in gc.get_objects():
+    if type(o).__name__ == 'Function' and hasattr(o, 'runtest') and 'runtest' not in vars(o):
+      o.runtest = lambda: None
 '''),
     'json.dumps patched': ('patched at run time: json.dumps', '''
 def _trick():
