@@ -178,9 +178,10 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   harness.mkdir()
   out.mkdir()
   shutil.copy(RUNNER, harness / 'runner.py')
+  # `-rA` would add a section of passes with their output, which costs pytest quadratic time.
   pytest_args = [*args, '-p', 'no:cacheprovider', '--rootdir', str(tree), '--confcutdir',
                  str(tree), '--continue-on-collection-errors', '-q', '--tb=short', '--color=no',
-                 '-o', 'console_output_style=classic', '-rA']
+                 '-o', 'console_output_style=classic', '-rfEsxXp']
   if config_file:
     pytest_args += ['-c', str(tree / config_file)]
   marker = f'runner started {secrets.token_hex(8)}'

@@ -112,25 +112,33 @@ class Reporter:
   def watch(self, namespaces):
     self._watched += _snapshot(namespaces)
 
-  def problems(self):
-    """What changed since the tests were collected that only tampering explains."""
+  def problems(self, nodeids):
+    """What changed since it was recorded that only tampering explains; of the tests, only
+    `nodeids` are checked (all of them after every test would cost quadratic time)."""
     out = self._early + [f'patched at run time: {owner}.{name}'
                          for owner, name, space, value in self._watched
                          if space.get(name) is not value]
     if type(self) is not _REPORTER:
       out.append(f'reporter changed: class {type(self).__name__}')
-    for nodeid, (item, chain) in self._tests.items():
-      obj = item.__dict__.get('_obj')
-      if _functions(chain[0][0]) != chain or obj is not None and (
-          getattr(obj, '__func__', obj) is not chain[0][0]):
-        out.append(f'test code replaced: {nodeid}')
-      # An instance attribute that shadows a method, e.g. `item.runtest = lambda: None`.
-      out += [f'test item changed: {nodeid}.{name}' for name in vars(item)
-              if callable(getattr(type(item), name, None))]
+    for nodeid in nodeids:
+      out += self.test_problems(nodeid)
     config = self._config
     if config is not None and not _same_hooks(self._hooks, _hooks(config.pluginmanager)):
       out.append('pytest plugins or hooks changed')
     return sorted(set(out))
+
+  def test_problems(self, nodeid):
+    item, chain = self._tests.get(nodeid, (None, None))
+    if item is None:
+      return []
+    out = [f'test item changed: {nodeid}.{name}' for name in vars(item)
+           # An instance attribute that shadows a method, e.g. `item.runtest = lambda: None`.
+           if callable(getattr(type(item), name, None))]
+    obj = item.__dict__.get('_obj')
+    if _functions(chain[0][0]) != chain or obj is not None and (
+        getattr(obj, '__func__', obj) is not chain[0][0]):
+      out.append(f'test code replaced: {nodeid}')
+    return out
 
   # pytest hooks.
   def pytest_plugin_registered(self, plugin, manager):
@@ -159,6 +167,8 @@ class Reporter:
 
   def pytest_runtest_logstart(self, nodeid, location):
     del location
+    # Before the test runs, so that a test neutered by an earlier one is caught.
+    self._early += self.test_problems(nodeid)
     if self._cov is not None:
       self._cov.switch_context(nodeid)
 
@@ -171,10 +181,10 @@ class Reporter:
     del location
     if self._cov is not None:
       self._cov.switch_context('')
-    self.emit('check', nodeid=nodeid, problems=self.problems())
+    self.emit('check', nodeid=nodeid, problems=self.problems([nodeid]))
 
   def pytest_sessionfinish(self, session, exitstatus):
-    self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(),
+    self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(self._tests),
               collected=session.testscollected)
 
 
