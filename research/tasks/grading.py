@@ -67,19 +67,35 @@ def _final_outcome(phases: dict[str, dict]) -> str:
   return 'xpassed' if call['xfail'] else PASSED
 
 
+# The fields each event kind must have, with their types: a line that differs does not read.
+_EVENTS = {
+    'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': list},
+    'collect_error': {'nodeid': str},
+    'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool},
+    'check': {'nodeid': str, 'problems': list},
+    'session_finish': {'exitstatus': int, 'problems': list}, 'runner_exit': {'code': int}}
+
+
+def _readable(event) -> bool:
+  fields = _EVENTS.get(event.get('kind')) if isinstance(event, dict) else None
+  return fields is not None and all(isinstance(event.get(k), t) for k, t in fields.items()) and (
+      all(isinstance(p, str) for p in event.get('problems', [])))
+
+
 def read_report(data: bytes) -> tuple[list[dict], list[str]]:
   """Events in order, and problems with lines that do not read or are out of sequence."""
   events, problems = [], []
   for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
     try:
       event = json.loads(line)
-      if event['seq'] != len(events):
-        problems.append(f'report line {i} out of sequence')
-        continue
-    except (ValueError, TypeError, KeyError):
+    except ValueError:
+      event = None
+    if not _readable(event):
       problems.append(f'report line {i} does not read')
-      continue
-    events.append(event)
+    elif event.get('seq') != len(events):
+      problems.append(f'report line {i} out of sequence')
+    else:
+      events.append(event)
   return events, problems
 
 

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import pytest
 
@@ -219,3 +220,16 @@ def test_cross_check_reads_pytest_summary_and_exit_status():
   assert grading.cross_check(outcomes, 't.py::b PASSED\n' + summary, 1) == [
       'output claims t.py::b passed']
   assert grading.cross_check(outcomes, 'no summary', 1) == ['pytest printed no test summary']
+
+
+def test_report_lines_that_do_not_read_or_are_out_of_sequence_are_problems():
+  lines = [{'kind': 'runner_start', 'seq': 0}, {'kind': 'runner_exit', 'seq': 1},
+           {'kind': 'test', 'seq': 1, 'nodeid': 'a', 'when': 'call', 'outcome': 'passed'},
+           {'kind': 'check', 'seq': 1, 'nodeid': 'a', 'problems': [3]}, [1],
+           {'kind': 'runner_exit', 'seq': 5, 'code': 0}, {'kind': 'runner_exit', 'seq': 1,
+                                                        'code': 0}]
+  data = '\n'.join(json.dumps(line) for line in lines).encode() + b'\n{not json\n'
+  events, problems = grading.read_report(data)
+  assert events == [lines[0], lines[-1]]
+  assert problems == [f'report line {i} does not read' for i in (1, 2, 3, 4)] + [
+      'report line 5 out of sequence', 'report line 7 does not read']
