@@ -141,9 +141,10 @@ class _Lines:
     return self.lines[self.i - 1]
 
   def header(self) -> str:
-    """The next line, which must be a header line (no carriage return, printable)."""
+    """The next line, which must be a header line: printable, tabs allowed (`diff -u` puts
+    a timestamp after one on `---`/`+++` lines; `_strip` cuts it off, as git does)."""
     line = self.take()
-    if not line.isprintable():
+    if not line.replace('\t', ' ').isprintable():
       raise PatchError(f'control character in header line {self.i}: {line[:80]!r}')
     return line
 

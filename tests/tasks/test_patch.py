@@ -151,6 +151,17 @@ def test_crlf_content_round_trips_and_no_newline_marker_counts_nothing(tmp_path)
   assert (old / 'pkg/last.py').read_text() == 'y'
 
 
+def test_plain_unified_diffs_with_timestamps_are_read(tmp_path):
+  tree = _tree(tmp_path / 't', {'pkg/mod.py': 'a\n'})
+  plain = ('--- a/pkg/mod.py\t2026-01-01 00:00:00\n+++ b/pkg/mod.py\t2026-01-02 00:00:00\n'
+           '@@ -1 +1 @@\n-a\n+b\n')
+  sections = patch_lib.parse(plain)
+  assert [(s.old_path, s.new_path) for s in sections] == [('pkg/mod.py', 'pkg/mod.py')]
+  assert patch_lib.misreadings(tree, sections) == []
+  with pytest.raises(patch_lib.SmuggledSection):
+    patch_lib.parse(plain + 'diff --git a/tests/t.py b/tests/t.py\n')
+
+
 def test_mode_rename_and_binary_sections_are_read_with_their_paths():
   patch = ('diff --git a/pkg/a.py b/pkg/b.py\nsimilarity index 100%\nrename from pkg/a.py\n'
            'rename to pkg/b.py\n'
