@@ -113,6 +113,9 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
   outcomes = {nodeid: _final_outcome(p) for nodeid, p in phases.items()}
   for e in kinds['collect_error']:
     outcomes.setdefault(e['nodeid'], 'error')
+  collected = {n for e in kinds['collected'] for n in e['nodeids']}
+  problems += [f'{n} reported but never collected' for n in phases if kinds['collected']
+               and n not in collected]
   checked = {e['nodeid'] for e in kinds['check']}
   problems += [f'no integrity check after {n}' for n, p in phases.items()
                if 'teardown' in p and n not in checked]

@@ -233,3 +233,18 @@ def test_report_lines_that_do_not_read_or_are_out_of_sequence_are_problems():
   assert events == [lines[0], lines[-1]]
   assert problems == [f'report line {i} does not read' for i in (1, 2, 3, 4)] + [
       'report line 5 out of sequence', 'report line 7 does not read']
+
+
+def test_accounting_flags_duplicates_uncollected_and_unchecked_tests():
+  def test(nodeid, when):
+    return {'kind': 'test', 'nodeid': nodeid, 'when': when, 'outcome': 'passed', 'xfail': False}
+  events = [{'kind': 'collected', 'nodeids': ['a', 'b']},
+            *(test('a', w) for w in ('setup', 'call', 'teardown')),
+            {'kind': 'check', 'nodeid': 'a', 'problems': ['test code replaced: a']},
+            *(test('b', w) for w in ('setup', 'call', 'call', 'teardown')),
+            *(test('x', w) for w in ('setup', 'call', 'teardown')),
+            {'kind': 'check', 'nodeid': 'x', 'problems': []}]
+  outcomes, _, problems = grading._account(events)
+  assert outcomes == {'a': 'passed', 'b': 'passed', 'x': 'passed'}
+  assert problems == ['b reported twice', 'no integrity check after b', 'test code replaced: a',
+                      'x reported but never collected']
