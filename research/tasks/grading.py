@@ -3,20 +3,21 @@
 The work area the policy edited is never run. Only the sections of its diff that change Python
 source inside the task's packages are applied, to a clean copy of the task's tree, so tests and
 test configuration are the pristine ones. pytest then runs in a new sandbox with autoloaded
-plugins, caches and bytecode off, under rlimits, and reports each test through a signed channel
-outside the tree; canary tests that must fail and the exit status cross-check that report.
+plugins, caches and bytecode off, under rlimits, and reports each test through a pipe to the
+harness; canary tests that must fail, pytest's own summary and the exit status cross-check that
+report, and the runner's integrity checks look for in-process tampering after each test.
 """
 import collections
 import dataclasses
-import hashlib
-import hmac
 import json
+import os
 from pathlib import Path
 import re
 import secrets
 import shutil
 import sys
 import tempfile
+import threading
 
 from research.tasks import layout
 from research.tasks import patch as patch_lib
@@ -28,6 +29,9 @@ RUNNER = Path(__file__).with_name('runner.py')
 PASSED = 'passed'
 # pytest's exit status when some tests failed: what the canaries guarantee for an honest run.
 TESTS_FAILED = 1
+# Enough that pytest's summary survives the output cut, and no more than a report ever needs.
+_OUTPUT_KB = 1024
+_REPORT_BYTES = 64 << 20
 _ENV = {'LANG': 'C.UTF-8', 'LC_ALL': 'C.UTF-8', 'TZ': 'UTC', 'PYTHONHASHSEED': '0',
         'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONNOUSERSITE': '1',
         'PYTEST_DISABLE_PLUGIN_AUTOLOAD': '1', 'HOME': '/tmp', 'TMPDIR': '/tmp'}
@@ -63,23 +67,125 @@ def _final_outcome(phases: dict[str, dict]) -> str:
   return 'xpassed' if call['xfail'] else PASSED
 
 
-def read_report(path: Path, key: bytes) -> tuple[list[dict], list[str]]:
-  """Verified events in order, and problems with lines that do not verify."""
+# The fields each event kind must have, with their types: a line that differs does not read.
+_EVENTS = {
+    'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': list},
+    'collect_error': {'nodeid': str},
+    'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool},
+    'check': {'nodeid': str, 'problems': list},
+    'session_finish': {'exitstatus': int, 'problems': list}, 'runner_exit': {'code': int}}
+
+
+def _readable(event) -> bool:
+  fields = _EVENTS.get(event.get('kind')) if isinstance(event, dict) else None
+  return fields is not None and all(isinstance(event.get(k), t) for k, t in fields.items()) and (
+      all(isinstance(p, str) for p in event.get('problems', [])))
+
+
+def read_report(data: bytes) -> tuple[list[dict], list[str]]:
+  """Events in order, and problems with lines that do not read or are out of sequence."""
   events, problems = [], []
-  if not path.exists():
-    return events, problems
-  for i, line in enumerate(path.read_bytes().decode('utf-8', 'replace').splitlines()):
-    mac, _, payload = line.partition(' ')
-    good = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(mac, good):
-      problems.append(f'forged report line {i}')
-      continue
-    event = json.loads(payload)
-    if event['seq'] != len(events):
+  for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
+    try:
+      event = json.loads(line)
+    except ValueError:
+      event = None
+    if not _readable(event):
+      problems.append(f'report line {i} does not read')
+    elif event.get('seq') != len(events):
       problems.append(f'report line {i} out of sequence')
-      continue
-    events.append(event)
+    else:
+      events.append(event)
   return events, problems
+
+
+def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]], list[str]]:
+  """Per-test outcomes, events by kind, and problems: duplicates, tests left unchecked."""
+  kinds = collections.defaultdict(list)
+  phases = collections.defaultdict(dict)
+  problems = []
+  for e in events:
+    kinds[e['kind']].append(e)
+    if e['kind'] == 'test':
+      if e['when'] in phases[e['nodeid']]:
+        problems.append(f'{e["nodeid"]} reported twice')
+      phases[e['nodeid']][e['when']] = e
+  outcomes = {nodeid: _final_outcome(p) for nodeid, p in phases.items()}
+  for e in kinds['collect_error']:
+    outcomes.setdefault(e['nodeid'], 'error')
+  collected = {n for e in kinds['collected'] for n in e['nodeids']}
+  problems += [f'{n} reported but never collected' for n in phases if kinds['collected']
+               and n not in collected]
+  checked = {e['nodeid'] for e in kinds['check']}
+  problems += [f'no integrity check after {n}' for n, p in phases.items()
+               if 'teardown' in p and n not in checked]
+  for e in kinds['check'] + kinds['session_finish']:
+    problems += e['problems']
+  return outcomes, kinds, sorted(set(problems))
+
+
+_SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)(?: - .*)?$', re.M)
+_VERBOSE_PASS = re.compile(r'^(\S+::\S+) PASSED', re.M)
+
+
+def _claims(output: str) -> dict[str, set[str]]:
+  """Nodeids per word of pytest's summary lines (PASSED, FAILED, ...) in `output`."""
+  lines = collections.defaultdict(set)
+  for word, nodeid in _SUMMARY.findall(output):
+    lines[word].add(nodeid)
+  return lines
+
+
+def cross_check(outcomes: dict[str, str], output: str, returncode: int) -> list[str]:
+  """Problems between the report of a finished run and what pytest printed and returned."""
+  failed = any(o in ('failed', 'error') for o in outcomes.values())
+  expected = 1 if failed else 0 if outcomes else 5
+  problems = [] if returncode == expected else [
+      f'exit status {returncode} does not match the report (expected {expected})']
+  reported = {n for n, o in outcomes.items() if o == PASSED}
+  anywhere = _claims(output)
+  claimed = anywhere['PASSED'] - anywhere['FAILED'] - anywhere['ERROR']
+  problems += [f'output claims {n} passed' for n in sorted(
+      (claimed | set(_VERBOSE_PASS.findall(output))) - reported)[:3]]
+  _, marker, summary = output.rpartition('short test summary info')
+  if not marker:
+    return problems + (['pytest printed no test summary'] if outcomes else [])
+  printed = _claims(summary)
+  passes = printed['PASSED'] - printed['FAILED'] - printed['ERROR']
+  if passes != reported:
+    problems.append(f'pytest printed other passes than the report: {sorted(passes ^ reported)[:3]}')
+  return problems
+
+
+def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, out: Path,
+               python: str, site_dirs: list[str], limits: sandbox.Limits, uid: int | None,
+               isolate: bool) -> tuple[sandbox.Completed, bytes, list[str]]:
+  """Runs the runner with a report pipe; (how it ended, the report, problems with the pipe)."""
+  read_fd, write_fd = os.pipe()
+  report = bytearray()
+  reader = threading.Thread(target=_drain, args=(read_fd, report), daemon=True)
+  reader.start()
+  try:
+    (harness / 'config.json').write_text(json.dumps({**config, 'report_fd': write_fd}))
+    env = {**_ENV, 'PATH': f'{Path(python).parent}:/usr/bin:/bin'}
+    done = sandbox.run(command, cwd=tree,
+                       ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
+                       rw=[out], env=env, limits=limits, uid=uid, isolate=isolate,
+                       pass_fds=(write_fd,))
+  finally:
+    os.close(write_fd)
+  reader.join(timeout=10)
+  problems = ['report pipe held open after the run'] if reader.is_alive() else []
+  if len(report) >= _REPORT_BYTES:
+    problems.append(f'report larger than {_REPORT_BYTES} bytes')
+  return done, bytes(report), problems
+
+
+def _drain(fd: int, into: bytearray) -> None:
+  with open(fd, 'rb', buffering=0) as f:
+    while chunk := f.read(1 << 16):
+      if len(into) < _REPORT_BYTES:
+        into += chunk
 
 
 def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[str],
@@ -91,38 +197,29 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   harness.mkdir()
   out.mkdir()
   shutil.copy(RUNNER, harness / 'runner.py')
-  report = out / 'report.jsonl'
+  # `-rA` would add a section of passes with their output, which costs pytest quadratic time.
   pytest_args = [*args, '-p', 'no:cacheprovider', '--rootdir', str(tree), '--confcutdir',
                  str(tree), '--continue-on-collection-errors', '-q', '--tb=short', '--color=no',
-                 '-o', 'console_output_style=classic']
+                 '-o', 'console_output_style=classic', '-rfEsxXp']
   if config_file:
     pytest_args += ['-c', str(tree / config_file)]
   marker = f'runner started {secrets.token_hex(8)}'
-  config = {'report': str(report), 'pytest_args': pytest_args, 'marker': marker,
+  config = {'pytest_args': pytest_args, 'marker': marker, 'tree': str(tree),
+            'test_dirs': sorted(layout.TEST_DIRS),
             'prepend_path': [str(tree / p) if p else str(tree) for p in python_path],
             'append_path': list(site_dirs)}
   if coverage_source:
     config['coverage_file'] = str(out / '.coverage')
     config['coverage_source'] = [str(tree / s) for s in coverage_source]
-  (harness / 'config.json').write_text(json.dumps(config))
-  key = secrets.token_hex(32).encode()
-  env = {**_ENV, 'PATH': f'{Path(python).parent}:/usr/bin:/bin'}
-  done = sandbox.run([python, '-I', '-B', str(harness / 'runner.py'), str(harness / 'config.json')],
-                     cwd=tree, ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
-                     rw=[out], env=env, limits=limits, stdin=key + b'\n', uid=uid,
-                     isolate=isolate)
-  events, problems = read_report(report, key)
-  kinds = collections.defaultdict(list)
-  phases = collections.defaultdict(dict)
-  for e in events:
-    kinds[e['kind']].append(e)
-    if e['kind'] == 'test':
-      if e['when'] in phases[e['nodeid']]:
-        problems.append(f'{e["nodeid"]} reported twice')
-      phases[e['nodeid']][e['when']] = e
-  outcomes = {nodeid: _final_outcome(p) for nodeid, p in phases.items()}
-  for e in kinds['collect_error']:
-    outcomes.setdefault(e['nodeid'], 'error')
+  # pytest's own summary, printed last, must survive the output cut for the cross-check.
+  limits = dataclasses.replace(limits, output_kb=max(limits.output_kb, _OUTPUT_KB))
+  done, report, problems = _sandboxed(
+      [python, '-I', '-B', str(harness / 'runner.py'), str(harness / 'config.json')], config,
+      tree=tree, harness=harness, out=out, python=python, site_dirs=site_dirs, limits=limits,
+      uid=uid, isolate=isolate)
+  events, unread = read_report(report)
+  outcomes, kinds, inconsistent = _account(events)
+  problems += unread + inconsistent
   # Only what happens before the runner starts is the harness's fault: after that, the code
   # under test runs, and a crash or a timeout is its own (masking those would reward them).
   fault = None
@@ -135,16 +232,13 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
     problems.append('report truncated or removed')
   finished = bool(kinds['session_finish'])
   if finished:
-    finish = kinds['session_finish'][-1]
-    problems += [f'patched at run time: {name}' for name in finish['changed']]
     exits = kinds['runner_exit']
-    if not exits or exits[-1]['code'] != done.returncode or finish['exitstatus'] != done.returncode:
+    if not exits or exits[-1]['code'] != done.returncode or (
+        kinds['session_finish'][-1]['exitstatus'] != done.returncode):
       problems.append(f'exit status {done.returncode} does not match the report')
+    problems += cross_check(outcomes, done.output, done.returncode)
   elif done.returncode == 0 and not fault:
     problems.append('exit status 0 before the test session finished')
-  for nodeid in re.findall(r'^(\S+::\S+) PASSED', done.output, re.M):
-    if outcomes.get(nodeid) != PASSED:
-      problems.append(f'output claims {nodeid} passed')
   return TestRun(outcomes, done.returncode, finished, fault, done.timed_out, problems,
                  done.wall_s, done.output, out / '.coverage' if coverage_source else None)
 
@@ -164,14 +258,14 @@ class Grade:
     return self.reward is None
 
 
-def _judge(rel: str, section: patch_lib.FileSection, task: Task,
+def _judge(rel: str, modes: frozenset[str], binary: bool, task: Task,
            protected: set[str]) -> tuple[str, bool] | None:
   """Why a solution may not change `rel`, and whether trying is tampering; None if it may."""
   if not patch_lib.is_safe_path(rel):
     return f'path escapes the work area: {rel}', True
-  if section.modes & {patch_lib.SYMLINK_MODE, patch_lib.GITLINK_MODE}:
+  if modes & {patch_lib.SYMLINK_MODE, patch_lib.GITLINK_MODE}:
     return f'link in diff: {rel}', True
-  if section.binary:
+  if binary:
     return f'binary file in diff: {rel}', False
   if (layout.is_test_path(rel) or layout.is_config_path(rel)
       or rel in protected and rel.endswith('.py')):
@@ -194,7 +288,8 @@ def filter_sections(sections: list[patch_lib.FileSection], task: Task
   kept, rejected, flags = [], [], []
   protected = set(task.protected_paths)
   for section in sections:
-    verdicts = [v for rel in section.paths if (v := _judge(rel, section, task, protected))]
+    verdicts = [v for rel in section.paths
+                if (v := _judge(rel, section.modes, section.binary, task, protected))]
     if not verdicts:
       kept.append(section)
       continue
@@ -203,6 +298,35 @@ def filter_sections(sections: list[patch_lib.FileSection], task: Task
     if tampering:
       flags.append(reason)
   return kept, rejected, flags
+
+
+def apply_checked(work: Path, kept: list[patch_lib.FileSection], task: Task
+                  ) -> tuple[str | None, list[str]]:
+  """Applies the kept sections to `work`; (why they did not apply or None, tamper flags).
+
+  git must read the sections as the parser did, and the tree is compared file by file before
+  and after: every path that changed must be one the patch names and the path policy allows.
+  """
+  flags = patch_lib.misreadings(work, kept)
+  if flags:
+    return 'git reads the patch otherwise than the grader', flags
+  before = patch_lib.snapshot(work)
+  try:
+    patch_lib.apply(work, kept)
+  except patch_lib.PatchError as e:
+    return str(e), e.flags
+  after = patch_lib.snapshot(work)
+  named = {p for s in kept for p in s.paths}
+  protected = set(task.protected_paths)
+  for rel in sorted(before.keys() | after.keys()):
+    if before.get(rel) == after.get(rel):
+      continue
+    modes = frozenset({after[rel][1]}) if rel in after else frozenset()
+    if verdict := _judge(rel, modes, False, task, protected):
+      flags.append(f'patch changed {rel}: {verdict[0]}')
+    if rel not in named:
+      flags.append(f'patch changed {rel}, which it does not name')
+  return None, flags
 
 
 def canary_source(nonce: str) -> str:
@@ -222,7 +346,7 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
   try:
     sections = patch_lib.parse(patch)
   except patch_lib.PatchError as e:
-    return Grade(0.0, f'malformed patch: {e}')
+    return Grade(0.0, f'malformed patch: {e}', e.flags)
   kept, rejected, flags = filter_sections(sections, task)
   if not kept:
     return Grade(0.0, 'no applicable source changes', flags, rejected)
@@ -230,10 +354,10 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
     scratch = Path(scratch)
     work = scratch / 'tree'
     layout.copy_tree(tree, work)
-    try:
-      patch_lib.apply(work, kept)
-    except patch_lib.PatchError as e:
-      return Grade(0.0, str(e), flags, rejected)
+    error, applied_flags = apply_checked(work, kept, task)
+    flags += applied_flags
+    if error:
+      return Grade(0.0, error, flags, rejected)
     for section in kept:
       if section.new_path:
         old = tree / section.old_path if section.old_path else None

@@ -1,59 +1,151 @@
-"""Runs pytest inside the sandbox and streams per-test results to a report outside the tree.
+"""Runs pytest inside the sandbox and streams per-test events to the harness through a pipe.
 
-Executed as `python -I -B runner.py CONFIG` with a one-line secret on stdin; standalone
-(stdlib, pytest and optionally coverage), so nothing from this repository enters the sandbox.
-Each report line carries a sequence number and an HMAC under the secret, so lines written by the
-code under test (which cannot read stdin once it is closed) do not verify.
+Executed as `python -I -B runner.py CONFIG` with the write end of a pipe open at the config's
+`report_fd`; standalone (stdlib, pytest and optionally coverage), so nothing from this repository
+enters the sandbox. The runner holds no secret: code under test shares this process and can reach
+anything the runner holds (a key, an hmac object, a signing method), so a secret would only hide
+how little it protects. Events go into a pipe the harness drains outside the sandbox: nothing
+written can be taken back, and the harness does all the accounting. After each test the runner
+checks what in-process forging has to change (test code objects, the reporter, the registered
+hooks, the functions the reporter relies on); that raises the bar, while the grader's hidden
+tests and mutant twins make forging pointless.
 """
 import builtins
-import hashlib
-import hmac
 import json
 import os
 import sys
 
+# Taken before any code under test runs: the reporter writes only through these, and the
+# checks compare the live attributes against them.
+_DUMPS, _WRITE, _EXIT = json.dumps, os.write, os._exit
+
+
+def _watched():
+  """Namespaces whose callables a module under test could replace to forge results."""
+  import json.encoder
+  import _pytest.python
+  import _pytest.reports
+  import _pytest.runner
+  import pytest
+  everything = None
+  return {'builtins': (vars(builtins), everything),
+          '_pytest.runner': (vars(_pytest.runner), everything),
+          'pytest': (vars(pytest), everything),
+          'TestReport': (vars(_pytest.reports.TestReport), everything),
+          'Function': (vars(_pytest.python.Function), everything),
+          'Reporter': (vars(Reporter), everything), 'runner': (globals(), everything),
+          'json': (vars(json), everything), 'json.encoder': (vars(json.encoder), everything),
+          'JSONEncoder': (vars(json.JSONEncoder), everything),
+          # pytest itself sets hooks in sys while it runs; only what ends a run is watched.
+          'os': (vars(os), ('write', '_exit', 'getpid')), 'sys': (vars(sys), ('exit',))}
+
+
+def _snapshot(namespaces):
+  """(owner, name, namespace, object) for callables: identity, not equality, is compared."""
+  return [(owner, name, space, space[name]) for owner, (space, names) in namespaces.items()
+          for name in (names or list(space))
+          if callable(space[name]) and not (owner == 'builtins' and name == '_')]
+
+
+def _functions(fn):
+  """A test's function and every function it wraps, with their code objects."""
+  fn = getattr(fn, '__func__', fn)
+  chain = []
+  while callable(fn) and len(chain) < 16:
+    chain.append((fn, getattr(fn, '__code__', None)))
+    fn = getattr(fn, '__wrapped__', None)
+  return chain
+
+
+def _hooks(pm):
+  """Every registered plugin, and every hook caller with its implementations."""
+  return pm.get_plugins(), {name: (caller, [impl.function for impl in caller.get_hookimpls()])
+                            for name, caller in vars(pm.hook).items()}
+
+
+def _in_solution(plugin, tree, test_dirs):
+  """Whether a plugin is defined in the tree outside conftest files and test directories: in
+  code the solution may write."""
+  module = plugin if hasattr(plugin, '__file__') else sys.modules.get(type(plugin).__module__)
+  path = os.path.realpath(getattr(module, '__file__', None) or '/')
+  parts = os.path.relpath(path, tree).split(os.sep)
+  return (path.startswith(tree + os.sep) and parts[-1] != 'conftest.py'
+          and not set(parts[:-1]) & set(test_dirs))
+
+
+def _orphan_hooks(pm):
+  plugins = pm.get_plugins()
+  return [f'hook implemented outside any plugin: {name}' for name, caller in vars(pm.hook).items()
+          for impl in caller.get_hookimpls() if impl.plugin not in plugins]
+
+
+def _same_hooks(before, after):
+  (plugins, callers), (plugins_now, callers_now) = before, after
+  return plugins == plugins_now and callers.keys() == callers_now.keys() and all(
+      c is callers_now[k][0] and len(f) == len(callers_now[k][1])
+      and all(a is b for a, b in zip(f, callers_now[k][1])) for k, (c, f) in callers.items())
+
 
 class Reporter:
-  """pytest plugin that appends one signed JSON line per event to the report."""
+  """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
+  # No instance dict: nothing can shadow a method on the instance.
+  __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
+               '_config', '_early')
 
-  def __init__(self, path, key, coverage=None):
-    self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    self._key = key
+  def __init__(self, fd, tree, test_dirs, coverage=None):
+    self._fd = fd
+    self._tree = os.path.realpath(tree)
+    self._test_dirs = test_dirs
     self._seq = 0
     self._cov = coverage
-    self._snapshot = None
+    self._watched = []
+    self._tests = {}
+    self._hooks = None
+    self._config = None
+    self._early = []  # Problems found once: at a plugin's registration, after collection.
 
   def emit(self, kind, **fields):
-    payload = json.dumps({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True)
-    mac = hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()
-    os.write(self._fd, (mac + ' ' + payload + '\n').encode())
+    line = _DUMPS({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True) + '\n'
+    _WRITE(self._fd, line.encode())
     self._seq += 1
 
-  def take_snapshot(self):
-    """Identity of what a module under test could patch to forge results."""
-    import _pytest.python
-    import _pytest.reports
-    import _pytest.runner
-    import pytest
-    watched = {
-        'builtins': vars(builtins), '_pytest.runner': vars(_pytest.runner),
-        'pytest': vars(pytest), 'TestReport': vars(_pytest.reports.TestReport),
-        'Function': vars(_pytest.python.Function), 'Reporter': vars(Reporter),
-        'os': {'_exit': os._exit}, 'sys': {'exit': sys.exit}}
-    self._snapshot = {f'{owner}.{name}': id(value)
-                      for owner, namespace in watched.items()
-                      for name, value in list(namespace.items())
-                      if not (owner == 'builtins' and name == '_')
-                      if callable(value)}
+  def watch(self, namespaces):
+    self._watched += _snapshot(namespaces)
 
-  def changed(self):
-    if self._snapshot is None:
+  def problems(self, nodeids):
+    """What changed since it was recorded that only tampering explains; of the tests, only
+    `nodeids` are checked (all of them after every test would cost quadratic time)."""
+    out = self._early + [f'patched at run time: {owner}.{name}'
+                         for owner, name, space, value in self._watched
+                         if space.get(name) is not value]
+    if type(self) is not _REPORTER:
+      out.append(f'reporter changed: class {type(self).__name__}')
+    for nodeid in nodeids:
+      out += self.test_problems(nodeid)
+    config = self._config
+    if config is not None and not _same_hooks(self._hooks, _hooks(config.pluginmanager)):
+      out.append('pytest plugins or hooks changed')
+    return sorted(set(out))
+
+  def test_problems(self, nodeid):
+    item, chain = self._tests.get(nodeid, (None, None))
+    if item is None:
       return []
-    before = self._snapshot
-    self.take_snapshot()
-    return sorted(k for k, v in before.items() if self._snapshot.get(k) != v)
+    out = [f'test item changed: {nodeid}.{name}' for name in vars(item)
+           # An instance attribute that shadows a method, e.g. `item.runtest = lambda: None`.
+           if callable(getattr(type(item), name, None))]
+    obj = item.__dict__.get('_obj')
+    if _functions(chain[0][0]) != chain or obj is not None and (
+        getattr(obj, '__func__', obj) is not chain[0][0]):
+      out.append(f'test code replaced: {nodeid}')
+    return out
 
   # pytest hooks.
+  def pytest_plugin_registered(self, plugin, manager):
+    # Called for every plugin, those registered before this one included.
+    if _in_solution(plugin, self._tree, self._test_dirs):
+      self._early.append(f'plugin registered by code under test: {manager.get_name(plugin)}')
+
   def pytest_sessionstart(self, session):
     self.emit('session_start', rootdir=str(session.config.rootpath))
 
@@ -61,8 +153,22 @@ class Reporter:
     if report.failed:
       self.emit('collect_error', nodeid=report.nodeid, message=str(report.longrepr)[-2000:])
 
+  def pytest_collection_finish(self, session):
+    self._config = session.config
+    self._tests = {item.nodeid: (item, _functions(getattr(item, 'obj', None)))
+                   for item in session.items if callable(getattr(item, 'obj', None))}
+    pm = session.config.pluginmanager
+    self._early += _orphan_hooks(pm)
+    self._hooks = _hooks(pm)
+    self.watch({'PluginManager': (vars(pm), None),
+                'PluginManager class': (vars(type(pm)), None),
+                'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
+    self.emit('collected', nodeids=sorted(item.nodeid for item in session.items))
+
   def pytest_runtest_logstart(self, nodeid, location):
     del location
+    # Before the test runs, so that a test neutered by an earlier one is caught.
+    self._early += self.test_problems(nodeid)
     if self._cov is not None:
       self._cov.switch_context(nodeid)
 
@@ -72,23 +178,24 @@ class Reporter:
               message=str(report.longrepr)[-1000:] if report.failed else '')
 
   def pytest_runtest_logfinish(self, nodeid, location):
-    del nodeid, location
+    del location
     if self._cov is not None:
       self._cov.switch_context('')
+    self.emit('check', nodeid=nodeid, problems=self.problems([nodeid]))
 
   def pytest_sessionfinish(self, session, exitstatus):
-    self.emit('session_finish', exitstatus=int(exitstatus), changed=self.changed(),
+    self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(self._tests),
               collected=session.testscollected)
 
 
+_REPORTER = Reporter
+
+
 def main():
-  key = sys.stdin.buffer.readline().strip()
-  # Closes the only channel the secret came through before any code under test runs.
-  devnull = os.open(os.devnull, os.O_RDONLY)
-  os.dup2(devnull, 0)
-  os.close(devnull)
   with open(sys.argv[1]) as f:
     config = json.load(f)
+  fd = config['report_fd']
+  os.set_inheritable(fd, False)  # Not into processes the tests start.
   # First bytes of the output: the grader's proof that the runner started (output is a pipe).
   os.write(1, config['marker'].encode() + b'\n')
   sys.dont_write_bytecode = True
@@ -99,10 +206,10 @@ def main():
     import coverage
     cov = coverage.Coverage(data_file=config['coverage_file'], source=config['coverage_source'],
                             config_file=False)
-  reporter = Reporter(config['report'], key, cov)
+  reporter = Reporter(fd, config['tree'], config['test_dirs'], cov)
   reporter.emit('runner_start', pid=os.getpid())
   import pytest
-  reporter.take_snapshot()
+  reporter.watch(_watched())
   if cov is not None:
     cov.start()
   code = pytest.main(config['pytest_args'], plugins=[reporter])
@@ -113,7 +220,7 @@ def main():
   sys.stdout.flush()
   sys.stderr.flush()
   # Skips atexit handlers a module under test may have registered.
-  os._exit(int(code))
+  _EXIT(int(code))
 
 
 if __name__ == '__main__':

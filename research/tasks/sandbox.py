@@ -157,8 +157,10 @@ class _Tail:
 def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.PathLike] = (),
         rw: Sequence[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
         limits: Limits = Limits(), stdin: bytes = b'', uid: int | None = None,
-        isolate: bool = True) -> Completed:
+        isolate: bool = True, pass_fds: Sequence[int] = ()) -> Completed:
   """Runs argv with only `ro` (read-only) and `rw` binds visible, at their host paths.
+
+  `pass_fds` stay open in the command at the same numbers (e.g. a pipe the harness reads).
 
   With isolate=False the same command runs as a plain subprocess under the same rlimits and
   wall clock, for comparison (it sees the whole machine).
@@ -178,7 +180,7 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   # A pipe, not a file: the command can neither truncate nor rewrite what it already wrote.
   proc = subprocess.Popen([*prefix, *limits_argv, *argv], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                          env=popen_env, start_new_session=True)
+                          env=popen_env, start_new_session=True, pass_fds=tuple(pass_fds))
   output = _Tail(limits.output_kb << 10)
   reader = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
   reader.start()

@@ -91,3 +91,21 @@ def test_multiprocessing_works_inside():
   done = _py('import multiprocessing as mp\n'
              'with mp.Pool(2) as pool:\n  print(pool.map(abs, [-1, -2]))')
   assert done.returncode == 0 and done.output == '[1, 2]\n'
+
+
+def test_passed_fds_stay_open_at_their_numbers_and_others_are_closed():
+  keep_r, keep_w = os.pipe()
+  other_r, other_w = os.pipe()
+  try:
+    code = ('import os\n'
+            f'os.write({keep_w}, b"through the pipe")\n'
+            f'try:\n  os.write({other_w}, b"x")\nexcept OSError as e:\n  print(e.errno)')
+    done = _py(code, pass_fds=(keep_w,))
+    os.close(keep_w)
+    os.close(other_w)
+    assert os.read(keep_r, 100) == b'through the pipe'
+    assert os.read(other_r, 100) == b''
+    assert done.output == '9\n'  # EBADF.
+  finally:
+    os.close(keep_r)
+    os.close(other_r)
