@@ -38,7 +38,7 @@ class DataConfig:
   seq_len: int = 128                # Tokens per row (documents are packed, longer ones cut).
   source: str = 'synthetic'         # 'synthetic', 'jsonl' or 'array_record'.
   train_files: str = ''             # Comma-separated globs of JSONL / ArrayRecord files.
-  eval_files: str = ''
+  eval_files: str = ''              # The same for the eval split.
   text_field: str = 'text'          # JSON key of a document's text in a line / record.
   shards: int = 8                   # Virtual data shards: divides batch_size, a multiple of the hosts.
 

@@ -100,9 +100,9 @@ class LossConfig:
   clip_eps: float = 0.0             # > 0: PPO-clipped ratio to the sampler's log-probs.
   std_norm: bool = False            # GRPO's std normalization of advantages (Dr.GRPO: off).
   norm_tokens: int = 32             # Dr.GRPO's constant: loss = sum over tokens / (rollouts * this).
-  distill_kind: str = 'forward_kl'  # reverse_kl | forward_kl | jsd | topk | sampled.
+  distill_kind: str = 'forward_kl'  # 'reverse_kl', 'forward_kl', 'jsd', 'topk' or 'sampled' (docs/rl.md).
   distill_top_k: int = 8            # Tokens of the teacher kept by distill_kind='topk'.
-  gate: str = 'none'                # none | confident: distill only where the teacher is confident.
+  gate: str = 'none'                # 'none', or 'confident': distill only where the teacher is confident.
   gate_margin: float = 0.0          # gate='confident': the teacher's log-prob margin required.
   until_divergence: bool = True     # Distill a target only up to where it leaves the teacher's argmax.
   pg_on_targets: bool = False       # False: hinted messages get the distillation signal, not the PG.
