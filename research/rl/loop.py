@@ -2,8 +2,10 @@
 
     summary = run(config, workdir)       # launch/rl.py wraps it; experiments/toolcalc_rl.py configures
 
+`config` is an RLExperimentConfig (below), or its ConfigDict (every section listed in docs/training.md).
+
 Start: a random init, or a base model (`base.checkpoint`, an orbax checkpoint written by
-`launch.convert --from_hf`, whose model config it carries; `config.base.tokenizer`, the Hugging Face
+`launch.convert --from_hf`, whose model config it carries; `base.tokenizer`, the Hugging Face
 folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a workdir whose
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.

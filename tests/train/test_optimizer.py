@@ -1,6 +1,5 @@
 """The model's leaves as Muon sees them, Muon on a mesh equal to Muon on one device, QK-clip."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
