@@ -436,7 +436,8 @@ class Runner:
            'obs_truncated': st.obs_truncated, 'malformed_tokens': st.malformed_tokens,
            'rollout_tokens_per_s': st.new_tokens / max(st.sample_s, 1e-9),
            'policy_tokens': float(np.mean([t.num_policy_tokens for t in trajs])),
-           'time_sample': st.sample_s, 'time_env': st.env_s, 'rows_trained': int(ro.active.sum()),
+           'time_sample': st.sample_s, 'time_env': st.env_s, 'time_critic': ro.time_critic,
+           'rows_trained': int(ro.active.sum()),
            'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0}
     for name in self.critic.names:
       idx = [i for i, fb in ro.feedback if fb.rule == name]
@@ -482,8 +483,7 @@ class Runner:
     m = jax.device_get(m)
     kl_N = m.pop('kl_N')[:len(tg.feedback)]
     row = {k: float(v) for k, v in m.items()}
-    row.update(time_teacher=t1 - t0, time_update=time.perf_counter() - t1, time_critic=ro.time_critic,
-               hint_overflow=tg.overflow, distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0)
+    row.update(time_teacher=t1 - t0, time_update=time.perf_counter() - t1, hint_overflow=tg.overflow, distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0)
     for name in self.critic.names:
       ks = [k for k, (_, fb) in zip(kl_N, tg.feedback) if fb.rule == name]
       if ks:
