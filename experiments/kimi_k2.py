@@ -7,12 +7,14 @@ python -m launch.plan --config=experiments/kimi_k2.py --mesh=data:8,fsdp:64,expe
 import ml_collections
 
 from experiments import tiny_moe
+from research import configs
+from research.model.config import ModelConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = tiny_moe.get_config()
   c.mesh = 'data:8,fsdp:64,expert:32'
-  c.model = m = ml_collections.ConfigDict()
+  c.model = m = configs.to_config_dict(ModelConfig())  # The defaults, not tiny_moe's model.
   m.vocab_size = 163840
   m.d_model = 7168
   m.num_layers = 61
@@ -40,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.dtype = 'bfloat16'
   m.param_dtype = 'bfloat16'
   m.remat = 'full'
-  c.optimizer.muon_per_head = True  # NS per attention head: 64 small matrices, not one 8192 x 7168.
+  c.optimizer.muon.per_head = True  # NS per attention head: 64 small matrices, not one 8192 x 7168.
   c.data.batch_size = 4096
   c.data.seq_len = 4096
   return c

@@ -37,8 +37,8 @@ flags.mark_flags_as_required(['json'])
 def get_config():
   """The shared config of every arm: experiments/toolcalc_rl.py with evaluation on more tasks."""
   c = toolcalc_rl.get_config()
-  c.eval.num_tasks = 128
-  c.tensorboard = False
+  c.eval.num_tasks = 128            # A finer success curve.
+  c.tensorboard = False             # Many runs: metrics.jsonl is enough.
   return c
 
 
@@ -55,9 +55,11 @@ def rollouts_to_reach(rollouts, success, target):
 def _curve(wd: str) -> dict:
   """Eval success per rollouts of one run (the evaluation before RL at 0 rollouts)."""
   rows = report.read_metrics(os.path.join(wd, 'metrics.jsonl'))
-  before = json.load(open(os.path.join(wd, 'eval_before.json')))['row']['eval_success']
+  with open(os.path.join(wd, 'eval_before.json')) as f:
+    before = json.load(f)['row']['eval_success']
   ev = {0: before, **{int(r['rollouts']): float(r['eval_success']) for r in rows if 'eval_success' in r}}
-  summary = json.load(open(os.path.join(wd, 'summary.json')))
+  with open(os.path.join(wd, 'summary.json')) as f:
+    summary = json.load(f)
   return {'rollouts': sorted(ev), 'success': [ev[k] for k in sorted(ev)], 'final': summary['after'],
           'by_rule': summary['by_rule']}
 

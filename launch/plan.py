@@ -16,6 +16,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from research import configs
 from research.model import config as model_config
 from research.model import stats, transformer
 from research.optim import plan as optim_plan
@@ -32,16 +33,18 @@ flags.mark_flags_as_required(['config'])
 
 def plan(config, mesh_spec: str | None = None, peak_tflops: float = 989.0,
          link_gbps: float = 50.0) -> dict:
-  cfg = model_config.from_dict(config.model.to_dict())
+  cfg = model_config.from_dict(config.model)
+  muon = configs.from_dict(optim.OptimizerConfig, config.optimizer, 'optimizer').muon
   shape = mesh_lib.parse_mesh_spec(mesh_spec or config.mesh)
   axes = transformer.param_axes(cfg)
   shapes = jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))
-  per_head = config.optimizer.get('muon_per_head', False)
-  dims = jax.tree.map(lambda a: optim.dimension_numbers(a, per_head), axes,
+  dims = jax.tree.map(lambda a: optim.dimension_numbers(a, muon.per_head), axes,
                       is_leaf=lambda x: isinstance(x, tuple))
-  opt = optim_plan.plan(shapes, axes, shape, weight_dimension_numbers=dims,
-                        ns_coeffs=config.optimizer.get('ns_coeffs', 'standard'),
-                        ns_dtype='bfloat16', peak_flops=peak_tflops * 1e12,
+  # 'auto' is bfloat16 on the accelerators a plan is for.
+  ns_dtype = 'bfloat16' if muon.ns_dtype == 'auto' else muon.ns_dtype
+  opt = optim_plan.plan(shapes, axes, shape, weight_dimension_numbers=dims, ns_coeffs=muon.ns_coeffs,
+                        ns_dtype=ns_dtype, spread_axes=muon.spread_axes, exchange=muon.exchange,
+                        chunk_bytes=muon.chunk_bytes, peak_flops=peak_tflops * 1e12,
                         link_bandwidth=link_gbps * 1e9)
   opt_row = {k: v for k, v in dataclasses.asdict(opt).items() if k != 'groups'}
   return {**stats.param_counts(cfg), 'mesh': shape, 'devices': math.prod(shape.values()),

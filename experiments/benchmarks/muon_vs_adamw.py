@@ -25,14 +25,15 @@ from research.train import step as step_lib
 def small_config(name: str, lr: float, steps: int):
   c = tiny_moe.get_config()
   c.model.update(d_model=64, num_layers=2, head_dim=16, d_expert=64, d_ff=128)
-  c.optimizer.update(name=name, learning_rate=lr, adam_learning_rate=0.01 if name == 'muon' else 0.0)
+  c.optimizer.update(name=name, learning_rate=lr)
+  c.optimizer.muon.adam_learning_rate = 0.01 if name == 'muon' else 0.0
   c.data.update(batch_size=8, seq_len=32)
   c.train.steps = steps
   return c
 
 
 def curve(config, mesh_spec: str) -> list[float]:
-  cfg = model_config.from_dict(config.model.to_dict())
+  cfg = model_config.from_dict(config.model)
   mesh = mesh_lib.make_mesh(mesh_spec)
   trainer = step_lib.Trainer(cfg, optim.make_optimizer(config.optimizer, config.train.steps, cfg, mesh),
                              mesh)

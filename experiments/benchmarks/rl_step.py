@@ -25,7 +25,7 @@ import numpy as np
 from experiments import toolcalc_rl
 from research.model import decode, transformer
 from research.model.config import ModelConfig
-from research.rl import loop, sampler as sampler_lib, sft, teacher as teacher_lib
+from research.rl import loop, sampler as sampler_lib, sft
 
 _JSON = flags.DEFINE_string('json', None, 'Also write the numbers here.')
 _BATCH = flags.DEFINE_integer('batch', 8, 'Rows generated at once.')
@@ -80,16 +80,11 @@ def bench_rl_step(steps: int, init: str, workdir: str, sft_steps: int) -> dict:
   c.rl.steps, c.eval.num_tasks, c.eval.every, c.tensorboard = steps, 0, 10 ** 6, False
   c.init_checkpoint, c.sft.steps = init, sft_steps
   runner = loop.Runner(c, workdir)
-  params = runner.warm_start(lambda i, row: None)
-  tx = loop.step_lib.freeze_untrainable(loop.optim.make_optimizer(c.optimizer, steps, model_cfg=runner.cfg))
-  opt_state = tx.init(params)
-  teacher = teacher_lib.TeacherWeights(c.teacher.kind, params, c.teacher.ema_decay)
-  update = loop.make_update(runner.cfg, tx, runner.lc, runner.scfg.temperature)
+  state = runner.fresh_state(runner.warm_start(lambda i, row: None))
   keys = ('time_sample', 'time_env', 'time_critic', 'time_teacher', 'time_update')
   rows = []
   for step in range(1, steps + 1):
-    row = runner.train_step(step, params, opt_state, teacher, update)
-    params, opt_state = row.pop('_params'), row.pop('_opt_state')
+    state, row = runner.train_step(step, state)
     rows.append(row)
   timed = rows[2:] or rows
   mean = {k: float(np.mean([r[k] for r in timed])) for k in keys}
@@ -104,7 +99,7 @@ def bench_rl_step(steps: int, init: str, workdir: str, sft_steps: int) -> dict:
 def bench_sft_packing(steps: int = 200) -> dict:
   c = toolcalc_rl.get_config()
   runner = loop.Runner(c, _WORKDIR.value)
-  demos, rng, seq = loop._demos(c), np.random.default_rng(0), c.sampler.max_len
+  demos, rng, seq = loop._demos(runner.c), np.random.default_rng(0), c.sampler.max_len
   packed = one_per_row = 0
   for _ in range(steps):
     convs = demos(rng, c.sft.batch_size)
@@ -118,7 +113,7 @@ def bench_sft_packing(steps: int = 200) -> dict:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  cfg = loop.model_config.from_dict(toolcalc_rl.get_config().model.to_dict())
+  cfg = loop.model_config.from_dict(toolcalc_rl.get_config().model)
   res = {'generation': bench_generation(cfg, _BATCH.value, _NEW.value),
          'rl_step': bench_rl_step(_STEPS.value, _INIT.value, _WORKDIR.value, _SFT_STEPS.value),
          'sft_packing': bench_sft_packing()}

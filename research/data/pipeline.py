@@ -16,11 +16,13 @@ Documents longer than a row are cut into row-sized chunks (nothing is dropped); 
 are its inputs shifted by one, so no target crosses a document. Segment id 0 is padding.
 """
 
+import dataclasses
+
 import grain
 import grain.experimental as gx
-import ml_collections
 import numpy as np
 
+from research import configs
 from research.data import readers, synthetic
 from research.tokenizer.base import ByteTokenizer
 
@@ -29,20 +31,39 @@ SPLITS = ('train', 'eval')
 _BYTES = ByteTokenizer()
 
 
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """data: where documents come from and how they are batched."""
+  batch_size: int = 16              # Global rows per step; divisible by data * fsdp * expert.
+  seq_len: int = 128                # Tokens per row (documents are packed, longer ones cut).
+  source: str = 'synthetic'         # 'synthetic', 'jsonl' or 'array_record'.
+  train_files: str = ''             # Comma-separated globs of JSONL / ArrayRecord files.
+  eval_files: str = ''              # The same for the eval split.
+  text_field: str = 'text'          # JSON key of a document's text in a line / record.
+  shards: int = 8                   # Virtual data shards: divides batch_size, a multiple of the hosts.
+
+  def validate(self, path: str = 'data.') -> 'DataConfig':
+    if self.source not in SOURCES:
+      raise configs.invalid(path + 'source', self.source, f'expected one of {SOURCES}')
+    for f in ('batch_size', 'seq_len', 'shards'):
+      if getattr(self, f) < 1:
+        raise configs.invalid(path + f, getattr(self, f), 'must be positive')
+    return self
+
+
 def tokenize(text: str) -> np.ndarray:
   """Byte tokens ended by NUL, like the synthetic corpus, so a 256-token vocabulary reads files."""
   return np.array(_BYTES.encode(text) + [synthetic.EOS], np.int32)
 
 
-def documents(cfg: ml_collections.ConfigDict, split: str, seed: int) -> grain.MapDataset:
+def documents(cfg: DataConfig, split: str, seed: int) -> grain.MapDataset:
   """The split's token documents, in a deterministic order, repeated forever (train reshuffles)."""
   if split not in SPLITS:
     raise ValueError(f'split={split!r}: expected one of {SPLITS}')
+  cfg = configs.from_dict(DataConfig, cfg, 'data')
   if cfg.source == 'synthetic':
     corpus = seed if split == 'train' else seed + 2**31  # A held-out corpus for eval.
     return grain.MapDataset.range(0, 2**62).map(lambda i: synthetic.document(corpus, i))
-  if cfg.source not in SOURCES:
-    raise ValueError(f'data.source={cfg.source!r}: expected one of {SOURCES}')
   files = cfg.train_files if split == 'train' else cfg.eval_files
   if not files:
     raise ValueError(f'data.{split}_files is empty: data.source={cfg.source!r} needs files')
@@ -113,8 +134,9 @@ class Pipeline:
       it.set_state(state[str(s)])
 
 
-def from_config(cfg: ml_collections.ConfigDict, split: str, seed: int,
+def from_config(cfg: DataConfig, split: str, seed: int,
                 host_rows: tuple[int, int] | None = None) -> Pipeline:
   """The pipeline an experiment config's `data` section describes."""
+  cfg = configs.from_dict(DataConfig, cfg, 'data')
   return Pipeline(documents(cfg, split, seed), batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                   shards=cfg.shards, seed=seed, host_rows=host_rows)

@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from research import configs
+
 ATTENTION_TYPES = ('gqa', 'mla')
 ROUTER_TYPES = ('softmax', 'sigmoid')
 MOE_IMPLS = ('auto', 'dense', 'ragged', 'blocked')
@@ -80,11 +82,11 @@ class ModelConfig:
   def rope_dim(self) -> int:
     return self.qk_rope_head_dim if self.attention == 'mla' else self.head_dim
 
-  def validate(self) -> 'ModelConfig':
-    """Raises ValueError naming the offending field."""
+  def validate(self, path: str = 'model.') -> 'ModelConfig':
+    """Raises ValueError naming the offending field (below `path`)."""
     def need(ok, field, msg):
       if not ok:
-        raise ValueError(f'model.{field}={getattr(self, field)!r}: {msg}')
+        raise configs.invalid(path + field, getattr(self, field), msg)
     need(self.attention in ATTENTION_TYPES, 'attention', f'unknown attention type, expected one of {ATTENTION_TYPES}')
     need(self.router in ROUTER_TYPES, 'router', f'unknown router type, expected one of {ROUTER_TYPES}')
     need(self.moe_impl in MOE_IMPLS, 'moe_impl', f'expected one of {MOE_IMPLS}')
@@ -109,8 +111,4 @@ class ModelConfig:
 
 def from_dict(d: Mapping[str, Any]) -> ModelConfig:
   """Builds a config from a dict (e.g. an ml_collections ConfigDict), rejecting unknown fields."""
-  known = {f.name for f in dataclasses.fields(ModelConfig)}
-  unknown = sorted(set(d) - known)
-  if unknown:
-    raise ValueError(f'unknown model config field(s) {unknown}')
-  return ModelConfig(**dict(d)).validate()
+  return configs.from_dict(ModelConfig, d, 'model')

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 
+from research import configs
 from research.rl.trajectory import Trajectory
 
 
@@ -116,6 +117,18 @@ class Critic:
           taken.add(fb.message)
           out.append(fb)
     return sorted(out, key=lambda f: f.message)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+  """critic: the rules that write hints."""
+  rules: tuple[str, ...] = ('unknown_tool', 'wrong_tool')  # Registered rule names, in priority order.
+
+  def validate(self, path: str = 'critic.') -> 'CriticConfig':
+    unknown = [r for r in self.rules if r not in REGISTRY]
+    if unknown:
+      raise configs.invalid(path + 'rules', self.rules, f'{unknown} not registered; known: {sorted(REGISTRY)}')
+    return self
 
 
 class JudgeCritic(Rule):

@@ -2,9 +2,11 @@
 
     summary = run(config, workdir)       # launch/rl.py wraps it; experiments/toolcalc_rl.py configures
 
-Start: a random init, or a base model (`config.base.checkpoint`, an orbax checkpoint written by
-`launch.convert --from_hf`, whose model config it carries; `config.base.tokenizer`, the Hugging Face
-folder with its tokenizer and chat template). Warm start: `config.init_checkpoint` (a workdir whose
+`config` is an RLExperimentConfig (below), or its ConfigDict (every section listed in docs/training.md).
+
+Start: a random init, or a base model (`base.checkpoint`, an orbax checkpoint written by
+`launch.convert --from_hf`, whose model config it carries; `base.tokenizer`, the Hugging Face
+folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a workdir whose
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.
 Each step: rollouts (research/rl/sampler.py) -> group-baseline advantages -> critic feedback ->
@@ -22,14 +24,15 @@ import functools
 import json
 import os
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import tqdm
 
+from research import configs
 from research.checkpoint.manager import Checkpointer, abstract
 from research.hf import convert
 from research.metrics.writer import MetricsWriter
@@ -38,30 +41,140 @@ from research.model import moe as moe_lib
 from research.model import transformer
 from research.rl import critics as critics_lib
 from research.rl import env_pyfunc, env_toolcalc, losses, sft, teacher as teacher_lib
-from research.rl.sampler import Sampler, SamplerConfig
-from research.rl.trajectory import routes_batch, to_batch
+from research.rl.critics import CriticConfig, Feedback
+from research.rl.sampler import RolloutStats, Sampler, SamplerConfig
+from research.rl.sft import SFTConfig
+from research.rl.teacher import TeacherConfig
+from research.rl.trajectory import Trajectory, routes_batch, to_batch
 from research.tokenizer.base import ByteTokenizer
 from research.tokenizer.hf import HFTokenizer
 from research.train import optimizer as optim
 from research.train import step as step_lib
 
+ENVS = ('toolcalc', 'pyfunc')
+TOOLSETS = {'warm': env_toolcalc.WARM_TOOLS, 'rl': env_toolcalc.RL_TOOLS}
 
-def make_env(c: ml_collections.ConfigDict):
+
+@dataclasses.dataclass(frozen=True)
+class BaseConfig:
+  """base: a converted pretrained model to start from instead of a random `model`."""
+  checkpoint: str = ''              # `launch.convert --from_hf` output: start from it, not `model`.
+  tokenizer: str = ''               # Its Hugging Face folder (tokenizer.json, chat template).
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  """env: the environment tasks and rewards come from."""
+  name: str = 'toolcalc'            # 'toolcalc' or 'pyfunc'.
+  tools: str = 'rl'                 # toolcalc: 'rl' (add renamed to plus: drift) or 'warm' (the warm-start tools).
+  max_ops: int = 2                  # toolcalc: operations per problem (1..max_ops).
+  max_operand: int = 9              # toolcalc: largest operand.
+  word_tokens: bool = True          # Tool names are one token each (as in a BPE vocabulary), not bytes.
+
+  def validate(self, path: str = 'env.') -> 'EnvConfig':
+    if self.name not in ENVS:
+      raise configs.invalid(path + 'name', self.name, f'expected one of {ENVS}')
+    if self.tools not in TOOLSETS:
+      raise configs.invalid(path + 'tools', self.tools, f'expected one of {tuple(TOOLSETS)}')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """rl: the size and length of the RL run."""
+  steps: int = 40                   # RL steps (optimizer updates; the schedule's length too).
+  tasks_per_step: int = 16          # Distinct tasks per step.
+  group_size: int = 4               # Rollouts per task (the group baseline).
+  max_targets: int = 32             # Distillation slots per step (more hints: a random subset).
+
+  def validate(self, path: str = 'rl.') -> 'RLConfig':
+    for f in ('steps', 'tasks_per_step', 'group_size', 'max_targets'):
+      if getattr(self, f) < 1:
+        raise configs.invalid(path + f, getattr(self, f), 'must be positive')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """loss: the terms of the RL objective (research/rl/losses.py; docs/rl.md)."""
+  pg_coef: float = 1.0              # Policy gradient weight; 0: distillation alone.
+  distill_coef: float = 1.0         # Distillation weight; 0: outcome reward alone.
+  clip_eps: float = 0.0             # > 0: PPO-clipped ratio to the sampler's log-probs.
+  std_norm: bool = False            # GRPO's std normalization of advantages (Dr.GRPO: off).
+  norm_tokens: int = 32             # Dr.GRPO's constant: loss = sum over tokens / (rollouts * this).
+  distill_kind: str = 'forward_kl'  # 'reverse_kl', 'forward_kl', 'jsd', 'topk' or 'sampled' (docs/rl.md).
+  distill_top_k: int = 8            # Tokens of the teacher kept by distill_kind='topk'.
+  gate: str = 'none'                # 'none', or 'confident': distill only where the teacher is confident.
+  gate_margin: float = 0.0          # gate='confident': the teacher's log-prob margin required.
+  until_divergence: bool = True     # Distill a target only up to where it leaves the teacher's argmax.
+  pg_on_targets: bool = False       # False: hinted messages get the distillation signal, not the PG.
+  anchor_coef: float = 10.0         # KL to the teacher weights (no hint) on all other policy tokens.
+
+  def validate(self, path: str = 'loss.') -> 'LossConfig':
+    if self.distill_kind not in losses.DISTILL_KINDS:
+      raise configs.invalid(path + 'distill_kind', self.distill_kind, f'expected one of {losses.DISTILL_KINDS}')
+    if self.gate not in losses.GATES:
+      raise configs.invalid(path + 'gate', self.gate, f'expected one of {losses.GATES}')
+    if self.pg_coef == 0 and self.distill_coef == 0:
+      raise ValueError(f'{path}pg_coef and {path}distill_coef are both 0: nothing to train')
+    if self.norm_tokens < 1:
+      raise configs.invalid(path + 'norm_tokens', self.norm_tokens, 'must be positive')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """eval: the fixed held-out tasks evaluated before, during and after RL."""
+  every: int = 10                   # RL steps between evaluations.
+  num_tasks: int = 64               # Held-out tasks, one sampled rollout each.
+
+  def validate(self, path: str = 'eval.') -> 'EvalConfig':
+    for f, low in (('every', 1), ('num_tasks', 0)):
+      if getattr(self, f) < low:
+        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class RLExperimentConfig:
+  """An RL run (launch/rl.py): every section, each with its defaults."""
+  seed: int = 0                     # Init, warm-start data, RL tasks, sampling and eval tasks.
+  init_checkpoint: str = ''         # A workdir holding warmstart/; empty: run the warm start here.
+  checkpoint_every: int = 50        # RL steps between checkpoints (the run resumes from the last).
+  tensorboard: bool = True          # Also write TensorBoard events next to metrics.jsonl.
+  base: BaseConfig = dataclasses.field(default_factory=BaseConfig)
+  model: model_config.ModelConfig = dataclasses.field(default_factory=model_config.ModelConfig)
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+  sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+  rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+  loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+  teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
+  critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+  optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=optim.OptimizerConfig)  # The RL update.
+
+
+def make_env(c: EnvConfig):
   if c.name == 'toolcalc':
-    tools = {'warm': env_toolcalc.WARM_TOOLS, 'rl': env_toolcalc.RL_TOOLS}.get(c.tools)
-    if tools is None:
-      raise ValueError(f'env.tools={c.tools!r}: expected "warm" or "rl"')
-    return env_toolcalc.ToolCalc(tools, c.max_ops, c.max_operand)
-  if c.name == 'pyfunc':
-    return env_pyfunc.PyFunc()
-  raise ValueError(f'env.name={c.name!r}: expected "toolcalc" or "pyfunc"')
+    return env_toolcalc.ToolCalc(TOOLSETS[c.tools], c.max_ops, c.max_operand)
+  return env_pyfunc.PyFunc()
 
 
-def _demos(c: ml_collections.ConfigDict):
+def _demos(c: RLExperimentConfig):
   if c.env.name != 'toolcalc':
     raise ValueError(f'env.name={c.env.name!r} has no demonstration generator; give init_checkpoint')
   return lambda rng, n: env_toolcalc.demonstrations(
       rng, n, hint_fraction=c.sft.hint_fraction, max_ops=c.env.max_ops, max_operand=c.env.max_operand)
+
+
+def _tokenizer(c: RLExperimentConfig, env):
+  """The base model's tokenizer, or bytes plus (with env.word_tokens) the environment's words."""
+  if c.base.tokenizer:
+    return HFTokenizer(c.base.tokenizer)
+  if c.env.word_tokens and not hasattr(env, 'words'):
+    raise ValueError(f'env.word_tokens: env {c.env.name!r} has no word list')
+  return ByteTokenizer(env.words if c.env.word_tokens else ())
 
 
 def objective(params, batch, tgt, *, cfg, lc, temperature, denom):
@@ -110,68 +223,59 @@ def make_update(cfg, tx, lc, temperature):
   return jax.jit(update, donate_argnums=(0, 1))
 
 
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  pg_coef: float
-  distill_coef: float
-  clip_eps: float
-  std_norm: bool
-  norm_tokens: int
-  distill_kind: str
-  distill_top_k: int
-  gate: str
-  gate_margin: float
-  until_divergence: bool
-  pg_on_targets: bool
-  anchor_coef: float
+@dataclasses.dataclass
+class RLState:
+  """What an RL step changes: the policy, its optimizer state and the teacher's weights."""
+  params: Any
+  opt_state: Any
+  teacher: teacher_lib.TeacherWeights
 
-  @classmethod
-  def from_config(cls, c):
-    if c.distill_kind not in losses.DISTILL_KINDS:
-      raise ValueError(f'loss.distill_kind={c.distill_kind!r}: expected one of {losses.DISTILL_KINDS}')
-    if c.gate not in losses.GATES:
-      raise ValueError(f'loss.gate={c.gate!r}: expected one of {losses.GATES}')
-    return cls(**{f.name: c[f.name] for f in dataclasses.fields(cls)})
+  def checkpoint_tree(self) -> dict:
+    return {'params': self.params, 'opt_state': self.opt_state, 'teacher': self.teacher.params(self.params)}
+
+
+@dataclasses.dataclass
+class Rollouts:
+  """One step's rollouts with their rewards, advantages and the critic's feedback."""
+  trajs: list[Trajectory]
+  groups: np.ndarray                # Task index per rollout.
+  stats: RolloutStats
+  valid: np.ndarray                 # No environment fault.
+  rewards: np.ndarray
+  adv: np.ndarray                   # Group-baseline advantages.
+  feedback: list[tuple[int, Feedback]]  # Every hint the critic wrote, by rollout index.
+  targets: list[tuple[int, Feedback]]   # The ones distilled this step (at most rl.max_targets).
+  active: np.ndarray                # Rows with a gradient: a nonzero advantage or a target.
+  time_critic: float
 
 
 class Runner:
   """One RL run's pieces; `run()` drives them. Scripts may also call `evaluate` directly."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.c, self.workdir = config, workdir
+  def __init__(self, config: RLExperimentConfig, workdir: str):
+    self.c = c = configs.from_dict(RLExperimentConfig, config)
+    self.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
-    self.env = make_env(config.env)
-    base = config.get('base') or ml_collections.ConfigDict({'checkpoint': '', 'tokenizer': ''})
-    self.base_checkpoint = base.checkpoint
-    if base.tokenizer:
-      self.tok = HFTokenizer(base.tokenizer)
-    else:
-      if config.env.get('word_tokens') and not hasattr(self.env, 'words'):
-        raise ValueError(f'env.word_tokens: env {config.env.name!r} has no word list')
-      self.tok = ByteTokenizer(self.env.words if config.env.get('word_tokens') else ())
-    # A base checkpoint brings its own model config; `config.model` then describes nothing.
-    self.cfg = (convert.read_model_config(base.checkpoint) if base.checkpoint
-                else model_config.from_dict(config.model.to_dict()))
+    self.env = make_env(c.env)
+    self.tok = _tokenizer(c, self.env)
+    # A base checkpoint brings its own model config; `model` then describes nothing.
+    self.cfg = convert.read_model_config(c.base.checkpoint) if c.base.checkpoint else c.model
     if self.cfg.vocab_size < self.tok.vocab_size:
       raise ValueError(f'model.vocab_size={self.cfg.vocab_size} is smaller than the tokenizer\'s '
                        f'{self.tok.vocab_size}')
-    s = config.sampler
-    self.scfg = SamplerConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                              max_turn_tokens=s.max_turn_tokens, max_turns=s.max_turns, max_len=s.max_len,
-                              max_obs_tokens=s.max_obs_tokens, record_routes=config.rl.router_replay)
-    self.sampler = Sampler(self.cfg, self.tok, self.scfg)
-    self.batch_rows = config.rl.tasks_per_step * config.rl.group_size
-    self.critic = critics_lib.Critic(list(config.critic.rules))
-    self.lc = LossConfig.from_config(config.loss)
-    if self.lc.pg_coef == 0 and self.lc.distill_coef == 0:
-      raise ValueError('loss.pg_coef and loss.distill_coef are both 0: nothing to train')
-    self.teacher_fn = functools.partial(teacher_lib.teacher_logp, cfg=self.cfg, temperature=s.temperature)
+    self.scfg, self.lc = c.sampler, c.loss
+    self.sampler = Sampler(self.cfg, self.tok, c.sampler)
+    self.batch_rows = c.rl.tasks_per_step * c.rl.group_size
+    self.critic = critics_lib.Critic(list(c.critic.rules))
+    self.teacher_fn = functools.partial(teacher_lib.teacher_logp, cfg=self.cfg, temperature=c.sampler.temperature)
+    self.tx = step_lib.freeze_untrainable(optim.make_optimizer(c.optimizer, c.rl.steps, model_cfg=self.cfg))
+    self.update = make_update(self.cfg, self.tx, c.loss, c.sampler.temperature)
 
   # -------------------------------------------------------------------------------------------
   def warm_start(self, log) -> dict:
     """Params after the supervised stage (run once; reused from init_checkpoint or this workdir)."""
     c = self.c
-    params = (convert.load_params(self.base_checkpoint, self.cfg)[0] if self.base_checkpoint
+    params = (convert.load_params(c.base.checkpoint, self.cfg)[0] if c.base.checkpoint
               else transformer.init(self.cfg, jax.random.key(c.seed)))
     src = c.init_checkpoint or self.workdir
     ckpt = Checkpointer(os.path.join(src, 'warmstart'), save_every=1, keep=1, async_save=False)
@@ -187,6 +291,11 @@ class Runner:
     ckpt.save(0, {'params': params}, force=True)
     ckpt.close()
     return params
+
+  def fresh_state(self, params) -> RLState:
+    """RL's state at step 0 from the warm-start params."""
+    return RLState(params, self.tx.init(params),
+                   teacher_lib.TeacherWeights(self.c.teacher.kind, params, self.c.teacher.ema_decay))
 
   def evaluate(self, params, tasks, key, batch: int):
     """One sampled rollout per task, in chunks of `batch` rows (the training shape)."""
@@ -209,65 +318,39 @@ class Runner:
     return row, trajs
 
   # -------------------------------------------------------------------------------------------
-  def run(self) -> dict:
-    c, wd = self.c, self.workdir
-    r = c.rl
-    writer = MetricsWriter(wd, total_steps=r.steps, tensorboard=c.tensorboard, console=False)
-    sft_log = open(os.path.join(wd, 'warmstart.jsonl'), 'a')
-    params = self.warm_start(lambda i, row: sft_log.write(json.dumps(row) + '\n'))
-    sft_log.close()
-    tx = step_lib.freeze_untrainable(optim.make_optimizer(c.optimizer, r.steps, model_cfg=self.cfg))
-    opt_state = tx.init(params)
-    teacher = teacher_lib.TeacherWeights(c.teacher.kind, params, c.teacher.ema_decay)
-    update = make_update(self.cfg, tx, self.lc, self.scfg.temperature)
-    ckpt = Checkpointer(os.path.join(wd, 'checkpoints'), save_every=c.checkpoint_every, keep=2,
-                        config=c.to_dict())
-    state = {'params': params, 'opt_state': opt_state, 'teacher': teacher.params(params)}
-    restored = ckpt.restore(abstract(state))
-    start = 0
-    if restored is not None:
-      start, state = restored.step, restored.state
-      params, opt_state = state['params'], state['opt_state']
-      teacher.fixed = None if teacher.kind == 'live' else state['teacher']
-      writer.truncate(start)
+  def _start(self, ckpt: Checkpointer) -> tuple[RLState, int]:
+    """(state, last step done): the warm start, or the newest checkpoint of this workdir."""
+    with open(os.path.join(self.workdir, 'warmstart.jsonl'), 'a') as sft_log:
+      params = self.warm_start(lambda i, row: sft_log.write(json.dumps(row) + '\n'))
+    state = self.fresh_state(params)
+    restored = ckpt.restore(abstract(state.checkpoint_tree()))
+    if restored is None:
+      return state, 0
+    saved = restored.state
+    state.teacher.fixed = None if state.teacher.kind == 'live' else saved['teacher']
+    return RLState(saved['params'], saved['opt_state'], state.teacher), restored.step
 
-    erng = np.random.default_rng([c.seed, 1])
-    eval_tasks = [self.env.sample_task(erng) for _ in range(c.eval.num_tasks)]
-    before_path = os.path.join(wd, 'eval_before.json')
-    if os.path.exists(before_path):
-      before = json.load(open(before_path))
-    else:
-      row, trajs = self._eval_row(params, eval_tasks, {})
-      fired = {name: [] for name in self.critic.names}
-      for i, t in enumerate(trajs):
-        for rule in {fb.rule for fb in self.critic(t)}:
-          fired[rule].append(i)
-      before = {'row': row, 'fired': fired,
-                'by_rule': {k: float(np.mean([trajs[i].success for i in v])) if v else None
-                            for k, v in fired.items()}}
-      json.dump(before, open(before_path, 'w'))
-    if start == 0:
-      writer.write(0, {**before['row'], 'rollouts': 0})
-    fired = before['fired']
+  def _before(self, params, eval_tasks) -> dict:
+    """The evaluation before RL and, per rule, the eval tasks it fired on (once per workdir)."""
+    path = os.path.join(self.workdir, 'eval_before.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        return json.load(f)
+    row, trajs = self._eval_row(params, eval_tasks, {})
+    fired = {name: [] for name in self.critic.names}
+    for i, t in enumerate(trajs):
+      for rule in {fb.rule for fb in self.critic(t)}:
+        fired[rule].append(i)
+    before = {'row': row, 'fired': fired,
+              'by_rule': {k: float(np.mean([trajs[i].success for i in v])) if v else None
+                          for k, v in fired.items()}}
+    with open(path, 'w') as f:
+      json.dump(before, f)
+    return before
 
-    bar = tqdm.tqdm(total=r.steps, initial=start, desc='rl', unit='step')
-    rollouts = start * self.batch_rows
-    for step in range(start + 1, r.steps + 1):
-      row = self.train_step(step, params, opt_state, teacher, update)
-      params, opt_state = row.pop('_params'), row.pop('_opt_state')
-      rollouts += self.batch_rows
-      row['rollouts'] = rollouts
-      if step % c.eval.every == 0 or step == r.steps:
-        row.update(self._eval_row(params, eval_tasks, fired)[0])
-      writer.write(step, row)
-      bar.update(1)
-      bar.set_postfix(success=f'{row["success_rate"]:.2f}', fb=int(row['feedback_count']),
-                      kl=f'{row["distill_kl"]:.3f}', eval=f'{row.get("eval_success", float("nan")):.2f}')
-      ckpt.save(step, {'params': params, 'opt_state': opt_state, 'teacher': teacher.params(params)},
-                force=step == r.steps)
-    bar.close()
-    ckpt.close()
-    writer.close()
+  def _summary(self, params, eval_tasks, before: dict) -> dict:
+    """The final evaluation against the one before RL, per rule; also written to summary.json."""
+    r, fired = self.c.rl, before['fired']
     after, _ = self._eval_row(params, eval_tasks, fired, prefix='final')
     summary = {
         'before': before['row']['eval_success'], 'after': after['final_success'],
@@ -275,13 +358,53 @@ class Runner:
                         'after': after.get(f'final/{k}/success')} for k in fired},
         'steps': r.steps, 'rollouts': r.steps * self.batch_rows, 'eval_tasks': len(eval_tasks),
     }
-    json.dump(summary, open(os.path.join(wd, 'summary.json'), 'w'), indent=1)
-    self.params = params
+    with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
+      json.dump(summary, f, indent=1)
     return summary
 
+  def run(self) -> dict:
+    c, r = self.c, self.c.rl
+    ckpt = Checkpointer(os.path.join(self.workdir, 'checkpoints'), save_every=c.checkpoint_every, keep=2,
+                        config=configs.to_dict(c))
+    state, start = self._start(ckpt)
+    writer = MetricsWriter(self.workdir, total_steps=r.steps, tensorboard=c.tensorboard, console=False)
+    if start:
+      writer.truncate(start)
+    erng = np.random.default_rng([c.seed, 1])
+    eval_tasks = [self.env.sample_task(erng) for _ in range(c.eval.num_tasks)]
+    before = self._before(state.params, eval_tasks)
+    if start == 0:
+      writer.write(0, {**before['row'], 'rollouts': 0})
+    bar = tqdm.tqdm(total=r.steps, initial=start, desc='rl', unit='step')
+    for step in range(start + 1, r.steps + 1):
+      state, row = self.train_step(step, state)
+      row['rollouts'] = step * self.batch_rows
+      if step % c.eval.every == 0 or step == r.steps:
+        row.update(self._eval_row(state.params, eval_tasks, before['fired'])[0])
+      writer.write(step, row)
+      bar.update(1)
+      bar.set_postfix(success=f'{row["success_rate"]:.2f}', fb=int(row['feedback_count']),
+                      kl=f'{row["distill_kl"]:.3f}', eval=f'{row.get("eval_success", float("nan")):.2f}')
+      ckpt.save(step, state.checkpoint_tree(), force=step == r.steps)
+    bar.close()
+    ckpt.close()
+    writer.close()
+    self.params = state.params
+    return self._summary(state.params, eval_tasks, before)
+
   # -------------------------------------------------------------------------------------------
-  def train_step(self, step, params, opt_state, teacher, update) -> dict:
-    c, r, lc, tok = self.c, self.c.rl, self.lc, self.tok
+  def train_step(self, step: int, state: RLState) -> tuple[RLState, dict[str, float]]:
+    """Rollouts, rewards and feedback, then (unless nothing carries a gradient) one update."""
+    ro = self._rollouts(step, state.params)
+    row = self._rollout_row(ro)
+    if not ro.active.any():  # Every group tied and no feedback: no gradient this step.
+      row.update(time_teacher=0.0, time_update=0.0)
+      return state, row
+    state, update_row = self._update(ro, state)
+    return state, {**row, **update_row}
+
+  def _rollouts(self, step: int, params) -> Rollouts:
+    c, r, lc = self.c, self.c.rl, self.c.loss
     rng = np.random.default_rng([c.seed, 2, step])
     tasks = [self.env.sample_task(rng) for _ in range(r.tasks_per_step)]
     tasks = [t for t in tasks for _ in range(r.group_size)]
@@ -293,68 +416,80 @@ class Runner:
     rewards = np.array([t.reward for t in trajs])
     adv = losses.group_advantages(rewards, groups, valid, std_norm=lc.std_norm)
     feedback = [(i, fb) for i, t in enumerate(trajs) for fb in self.critic(t)]
-    t1 = time.perf_counter()
-    fbk = feedback if lc.distill_coef > 0 else []
-    if len(fbk) > r.max_targets:  # A fixed number of distillation slots (one compiled shape).
-      keep = np.sort(rng.choice(len(fbk), r.max_targets, replace=False))
-      fbk = [fbk[k] for k in keep]
+    time_critic = time.perf_counter() - t0 - st.sample_s - st.env_s
+    targets = feedback if lc.distill_coef > 0 else []
+    if len(targets) > r.max_targets:  # A fixed number of distillation slots (one compiled shape).
+      keep = np.sort(rng.choice(len(targets), r.max_targets, replace=False))
+      targets = [targets[k] for k in keep]
     active = (adv != 0) & valid if lc.pg_coef else np.zeros(len(trajs), bool)
-    active[[i for i, _ in fbk]] = True
-    row = {'reward_mean': float(rewards[valid].mean()) if valid.any() else 0.0,
+    active[[i for i, _ in targets]] = True
+    return Rollouts(trajs, groups, st, valid, rewards, adv, feedback, targets, active, time_critic)
+
+  def _rollout_row(self, ro: Rollouts) -> dict[str, float]:
+    """The step's log row before the update: rewards, feedback, sampling statistics."""
+    st, trajs, valid = ro.stats, ro.trajs, ro.valid
+    row = {'reward_mean': float(ro.rewards[valid].mean()) if valid.any() else 0.0,
            'success_rate': float(np.mean([t.success for t in trajs if t.fault is None] or [0.0])),
-           'feedback_count': len(feedback), 'targets_dropped': len(feedback) - len(fbk) if lc.distill_coef else 0,
+           'feedback_count': len(ro.feedback),
+           'targets_dropped': len(ro.feedback) - len(ro.targets) if self.c.loss.distill_coef else 0,
            'env_faults': st.faults, 'truncated': st.truncated,
            'obs_truncated': st.obs_truncated, 'malformed_tokens': st.malformed_tokens,
            'rollout_tokens_per_s': st.new_tokens / max(st.sample_s, 1e-9),
            'policy_tokens': float(np.mean([t.num_policy_tokens for t in trajs])),
-           'time_sample': st.sample_s, 'time_env': st.env_s, 'rows_trained': int(active.sum()),
+           'time_sample': st.sample_s, 'time_env': st.env_s, 'time_critic': ro.time_critic,
+           'rows_trained': int(ro.active.sum()),
            'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0}
     for name in self.critic.names:
-      idx = [i for i, fb in feedback if fb.rule == name]
+      idx = [i for i, fb in ro.feedback if fb.rule == name]
       row[f'rule/{name}/fires'] = len(idx)
-      grp = {int(groups[i]) for i in idx}
+      grp = {int(ro.groups[i]) for i in idx}
       if grp:
         row[f'rule/{name}/group_success'] = float(np.mean([trajs[i].success for i in range(len(trajs))
-                                                           if int(groups[i]) in grp]))
-    if not active.any():  # Every group tied and no feedback: no gradient this step.
-      row.update(time_teacher=0.0, time_update=0.0, _params=params, _opt_state=opt_state)
-      return row
-    # Fixed shapes (all rollouts x max_len, max_targets slots): one compiled update for the run.
-    seq = self.scfg.max_len
-    batch = to_batch(trajs, seq, tok.pad_id)
-    batch['mask'] *= valid[:, None]
-    batch['adv'] = np.where(valid, adv, 0.0).astype(np.float32)
-    if r.router_replay and self.cfg.num_moe_layers:
-      batch['routes'] = routes_batch(trajs, seq, len(trajs), self.cfg.num_moe_layers, self.cfg.num_experts_per_tok)
-    tg = teacher_lib.build_targets(tok, trajs, fbk, {i: i for i in range(len(trajs))}, seq,
-                                   self.scfg.max_turn_tokens, r.max_targets)
-    t2 = time.perf_counter()
+                                                           if int(ro.groups[i]) in grp]))
+    return row
+
+  def _batch(self, ro: Rollouts) -> dict[str, np.ndarray]:
+    """Fixed shapes (all rollouts x max_len): one compiled update for the run."""
+    seq = self.c.sampler.max_len
+    batch = to_batch(ro.trajs, seq, self.tok.pad_id)
+    batch['mask'] *= ro.valid[:, None]
+    batch['adv'] = np.where(ro.valid, ro.adv, 0.0).astype(np.float32)
+    if self.c.sampler.record_routes and self.cfg.num_moe_layers:  # Router replay.
+      batch['routes'] = routes_batch(ro.trajs, seq, len(ro.trajs), self.cfg.num_moe_layers,
+                                     self.cfg.num_experts_per_tok)
+    return batch
+
+  def _update(self, ro: Rollouts, state: RLState) -> tuple[RLState, dict[str, float]]:
+    """The teacher pass on the hinted contexts, then one optimizer step; its part of the log row."""
+    c, lc = self.c, self.c.loss
+    batch = self._batch(ro)
+    tg = teacher_lib.build_targets(self.tok, ro.trajs, ro.targets, {i: i for i in range(len(ro.trajs))},
+                                   c.sampler.max_len, c.sampler.max_turn_tokens, c.rl.max_targets)
+    t0 = time.perf_counter()
+    teacher_params = state.teacher.params(state.params)
     if tg.feedback:
-      t_logp = self.teacher_fn(teacher.params(params), tg.t_tokens, tg.t_seg, tg.t_pos)
+      t_logp = self.teacher_fn(teacher_params, tg.t_tokens, tg.t_seg, tg.t_pos)
       t_logp.block_until_ready()
     else:
       t_logp = jnp.zeros((*tg.d_tok.shape, self.cfg.vocab_size), jnp.float32)
-    t3 = time.perf_counter()
+    t1 = time.perf_counter()
     tgt = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_logp': t_logp}
     if lc.anchor_coef:
-      tgt['ref_logp'] = teacher_lib.reference_logp(teacher.params(params), batch['tokens'], batch['segment_ids'],
-                                                   cfg=self.cfg, temperature=self.scfg.temperature)
-    denom = float(max(valid.sum(), 1) * lc.norm_tokens)
-    params, opt_state, m = update(params, opt_state, batch, tgt, denom)
-    teacher.update(params)
+      tgt['ref_logp'] = teacher_lib.reference_logp(teacher_params, batch['tokens'], batch['segment_ids'],
+                                                   cfg=self.cfg, temperature=c.sampler.temperature)
+    denom = float(max(ro.valid.sum(), 1) * lc.norm_tokens)
+    params, opt_state, m = self.update(state.params, state.opt_state, batch, tgt, denom)
+    state.teacher.update(params)
     m = jax.device_get(m)
-    t4 = time.perf_counter()
     kl_N = m.pop('kl_N')[:len(tg.feedback)]
-    row.update({k: float(v) for k, v in m.items()})
-    row.update(time_teacher=t3 - t2, time_update=t4 - t3, time_critic=t1 - t0 - st.sample_s - st.env_s,
-               hint_overflow=tg.overflow, distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0,
-               _params=params, _opt_state=opt_state)
+    row = {k: float(v) for k, v in m.items()}
+    row.update(time_teacher=t1 - t0, time_update=time.perf_counter() - t1, hint_overflow=tg.overflow, distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0)
     for name in self.critic.names:
       ks = [k for k, (_, fb) in zip(kl_N, tg.feedback) if fb.rule == name]
       if ks:
         row[f'rule/{name}/kl'] = float(np.mean(ks))
-    return row
+    return RLState(params, opt_state, state.teacher), row
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def run(config: RLExperimentConfig, workdir: str) -> dict:
   return Runner(config, workdir).run()

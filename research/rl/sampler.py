@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from research import configs
 from research.model import decode
 from research.model.config import ModelConfig
 from research.model.transformer import forward
@@ -32,6 +33,7 @@ from research.tokenizer.base import Tokenizer
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
+  """sampler: how rollouts are sampled, and their token budgets."""
   temperature: float = 1.0          # 0 = greedy.
   top_k: int = 0                    # 0 = off.
   top_p: float = 1.0                # 1 = off.
@@ -40,8 +42,17 @@ class SamplerConfig:
   max_len: int = 160                # Trajectory length limit (the training sequence length).
   max_obs_tokens: int = 48          # Longer observations keep their tail (tracebacks end there).
   bucket: int = 16                  # Prefill chunks are padded to a multiple (bounds recompiles).
-  stop_seqs: tuple = ()             # Extra stop sequences (tuples of ids); <eom> always stops.
-  record_routes: bool = False       # Keep the MoE routes of every token (router replay).
+  stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
+  record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
+
+  def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
+    for f, low in (('temperature', 0), ('top_k', 0), ('max_turn_tokens', 1), ('max_turns', 1),
+                   ('max_len', 1), ('max_obs_tokens', 1), ('bucket', 1)):
+      if getattr(self, f) < low:
+        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
+    if not 0 < self.top_p <= 1:
+      raise configs.invalid(path + 'top_p', self.top_p, 'must be in (0, 1]')
+    return self
 
   @property
   def cache_len(self) -> int:

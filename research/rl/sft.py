@@ -7,6 +7,7 @@ hint message followed by the message it asks for, so that the policy can act as 
 The step is research/train/step.py's `train_step` (next-token CE over loss_mask + router losses).
 """
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -15,10 +16,33 @@ import numpy as np
 import optax
 import tqdm
 
+from research import configs
 from research.model.config import ModelConfig
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
+from research.train import optimizer as optim
 from research.train import step as step_lib
+
+
+def _sft_optimizer() -> optim.OptimizerConfig:
+  return optim.OptimizerConfig(name='adamw', learning_rate=3e-3, warmup_steps=20)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """sft: the warm start (supervised, on the environment's demonstrations) before RL."""
+  steps: int = 600                  # Steps on fresh demonstrations; 0 starts RL from the init.
+  batch_size: int = 32              # Conversations per step (packed into rows of sampler.max_len).
+  hint_fraction: float = 0.4        # Share of hint-conditioned demonstrations.
+  optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=_sft_optimizer)
+
+  def validate(self, path: str = 'sft.') -> 'SFTConfig':
+    for f, low in (('steps', 0), ('batch_size', 1)):
+      if getattr(self, f) < low:
+        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
+    if not 0 <= self.hint_fraction <= 1:
+      raise configs.invalid(path + 'hint_fraction', self.hint_fraction, 'must be in [0, 1]')
+    return self
 
 
 def render(tok: Tokenizer, conv: list[dict]) -> tuple[list[int], list[bool]]:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from research import configs
 from research.model.config import ModelConfig
 from research.model.transformer import forward
 from research.rl.critics import Feedback
@@ -24,6 +25,20 @@ from research.rl.trajectory import Trajectory, with_hint
 from research.tokenizer.base import Tokenizer
 
 TEACHERS = ('live', 'ema', 'frozen')
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherConfig:
+  """teacher: the weights the hinted teacher pass runs with."""
+  kind: str = 'frozen'              # 'live' (the policy), 'ema' (its moving average) or 'frozen' (the warm start).
+  ema_decay: float = 0.99           # For 'ema': weight of the old average per step.
+
+  def validate(self, path: str = 'teacher.') -> 'TeacherConfig':
+    if self.kind not in TEACHERS:
+      raise configs.invalid(path + 'kind', self.kind, f'expected one of {TEACHERS}')
+    if not 0 <= self.ema_decay <= 1:
+      raise configs.invalid(path + 'ema_decay', self.ema_decay, 'must be in [0, 1]')
+    return self
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ preemption sync picks a step they all save at. The host waits for the devices on
 and checkpoint steps.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,11 +18,11 @@ import time
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from research import configs
 from research.checkpoint import manager as ckpt_lib
 from research.data import pipeline
 from research.metrics import flops as flops_lib
@@ -33,6 +34,54 @@ from research.parallel import sharding
 from research.train import optimizer as optim
 from research.train.step import TrainState, Trainer, loss_fn
 
+BEST_MODES = ('min', 'max')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """train: how long to run, and when the host looks at the devices."""
+  steps: int = 300                  # Optimizer steps (the schedule's length too).
+  log_every: int = 10               # Host syncs happen only here (and at eval / checkpoint steps).
+  eval_every: int = 50              # Steps between evals on the held-out split; 0 disables.
+  eval_steps: int = 4               # Batches per eval.
+  peak_tflops: float = 0.0          # Per-device peak for MFU; 0 looks it up (unknown on CPU: no MFU).
+
+  def validate(self, path: str = 'train.') -> 'TrainConfig':
+    for f in ('steps', 'log_every', 'eval_steps'):
+      if getattr(self, f) < 1:
+        raise configs.invalid(path + f, getattr(self, f), 'must be positive')
+    if self.eval_every < 0:
+      raise configs.invalid(path + 'eval_every', self.eval_every, 'must be >= 0 (0 disables eval)')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """checkpoint: when to save and which checkpoints to keep (in WORKDIR/checkpoints)."""
+  every: int = 100                  # Steps between (asynchronous) saves; the last step always saves.
+  keep: int = 3                     # Most recent checkpoints kept ...
+  best_metric: str = 'eval_loss'    # ... plus the best by this eval metric ('' for none).
+  best_mode: str = 'min'            # 'min' or 'max'.
+
+  def validate(self, path: str = 'checkpoint.') -> 'CheckpointConfig':
+    for f in ('every', 'keep'):
+      if getattr(self, f) < 1:
+        raise configs.invalid(path + f, getattr(self, f), 'must be positive')
+    if self.best_mode not in BEST_MODES:
+      raise configs.invalid(path + 'best_mode', self.best_mode, f'expected one of {BEST_MODES}')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """A supervised run (launch/train.py): every section, each with its defaults."""
+  seed: int = 0                     # Params, data order and dropout-free step RNG.
+  mesh: str = 'fsdp:2,expert:4'     # Axis sizes (data, fsdp, expert, tensor); product <= devices.
+  model: model_config.ModelConfig = dataclasses.field(default_factory=model_config.ModelConfig)
+  data: pipeline.DataConfig = dataclasses.field(default_factory=pipeline.DataConfig)
+  optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=optim.OptimizerConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
 
 
 def check_divisible(cfg: model_config.ModelConfig, mesh_shape: dict[str, int], batch_size: int,
@@ -56,19 +105,20 @@ def check_divisible(cfg: model_config.ModelConfig, mesh_shape: dict[str, int], b
                        f'(= {ways}) of rules[{logical!r}], of mesh {mesh_shape}')
 
 
-def setup(config: ml_collections.ConfigDict):
-  """Validated (model config, mesh) from an experiment config."""
-  cfg = model_config.from_dict(config.model.to_dict())
+def setup(config: ExperimentConfig):
+  """Validated (model config, mesh) from an experiment config (or its ConfigDict)."""
+  config = configs.from_dict(ExperimentConfig, config)
   shape = mesh_lib.parse_mesh_spec(config.mesh)
-  check_divisible(cfg, shape, config.data.batch_size)
-  return cfg, mesh_lib.make_mesh(shape)
+  check_divisible(config.model, shape, config.data.batch_size)
+  return config.model, mesh_lib.make_mesh(shape)
 
 
-def make_trainer(config: ml_collections.ConfigDict) -> Trainer:
+def make_trainer(config: ExperimentConfig) -> Trainer:
   """The Trainer (model config, mesh, optimizer) an experiment config describes."""
+  config = configs.from_dict(ExperimentConfig, config)
   cfg, mesh = setup(config)
   tx = optim.make_optimizer(config.optimizer, config.train.steps, cfg, mesh)
-  return Trainer(cfg, tx, mesh, qk_clip_tau=config.optimizer.get('qk_clip_tau', 0.0))
+  return Trainer(cfg, tx, mesh, qk_clip_tau=config.optimizer.muon.qk_clip_tau)
 
 
 def _writable_workdir(workdir: str) -> str:
@@ -111,11 +161,11 @@ def checkpoint_tree(state: TrainState, rng_data) -> dict:
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state, 'rng': rng_data}
 
 
-def _checkpointer(config: ml_collections.ConfigDict, workdir: str) -> ckpt_lib.Checkpointer:
+def _checkpointer(config: ExperimentConfig, workdir: str) -> ckpt_lib.Checkpointer:
   c = config.checkpoint
   return ckpt_lib.Checkpointer(os.path.join(workdir, 'checkpoints'), save_every=c.every, keep=c.keep,
                                best_metric=c.best_metric, best_mode=c.best_mode,
-                               config=json.loads(config.to_json()))
+                               config=json.loads(json.dumps(configs.to_dict(config))))
 
 
 def _init_or_restore(trainer: Trainer, ckpt: ckpt_lib.Checkpointer, seed: int, step: int | None = None):
@@ -135,8 +185,9 @@ def _init_or_restore(trainer: Trainer, ckpt: ckpt_lib.Checkpointer, seed: int, s
   return TrainState(s['step'], s['params'], s['opt_state']), s['rng'], restored
 
 
-def load(config: ml_collections.ConfigDict, workdir: str, step: int | None = None):
+def load(config: ExperimentConfig, workdir: str, step: int | None = None):
   """(trainer, TrainState) of workdir's newest (or `step`) checkpoint: to sample, or to start RL."""
+  config = configs.from_dict(ExperimentConfig, config)
   ckpt = _checkpointer(config, workdir)
   if step is None and ckpt.latest_step() is None:
     raise FileNotFoundError(f'no checkpoint in {ckpt.directory}')
@@ -158,62 +209,91 @@ def eval_fn(trainer: Trainer):
   return run
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+@dataclasses.dataclass
+class _Start:
+  """Where a call of `train` starts: fresh, or the newest checkpoint's step, RNG and unlogged metrics."""
+  state: TrainState
+  rng_data: jax.Array               # jax.random.key_data of the run's key.
+  step: int                         # The last step done.
+  pending: list[dict]               # Metrics of steps since the last log row.
+
+
+def _start(trainer: Trainer, ckpt: ckpt_lib.Checkpointer, data: pipeline.Pipeline, seed: int) -> _Start:
+  state, rng_data, restored = _init_or_restore(trainer, ckpt, seed)
+  if not restored:
+    return _Start(state, rng_data, 0, [])
+  data.set_state(restored.data or {})
+  return _Start(state, rng_data, restored.step, restored.meta.get('pending', []))
+
+
+class _Interval:
+  """Metrics of the steps since the last log row, and the wall time they took."""
+
+  def __init__(self, pending: list, flops_per_token: float, peak_flops: float):
+    # Restored steps ran before this process started: they count in the loss, not in the timing.
+    self.pending, self.untimed, self.t0 = pending, len(pending), time.perf_counter()
+    self.flops, self.peak = flops_per_token, peak_flops
+
+  def row(self) -> dict[str, float]:
+    """The log row of the interval (host sync), which then starts afresh."""
+    fetched = jax.device_get(self.pending)
+    tokens_per_s = sum(float(m['tokens']) for m in fetched[self.untimed:]) / (time.perf_counter() - self.t0)
+    row = {k: float(v) for k, v in fetched[-1].items()}
+    # In float64 from Python floats: after a resume, `pending` holds floats read back from the
+    # checkpoint, and a float32 mean would then differ in the last bits from an unbroken run.
+    row.update(loss=float(np.mean([float(m['loss']) for m in fetched])), tokens_per_s=tokens_per_s)
+    if self.peak:
+      row['mfu'] = flops_lib.mfu(tokens_per_s, self.flops, jax.device_count(), self.peak)
+    self.pending, self.untimed = [], 0
+    return row
+
+  def meta(self) -> dict:
+    """What a checkpoint keeps of the interval: its metrics as floats."""
+    return {'pending': [{k: float(v) for k, v in m.items()} for m in jax.device_get(self.pending)]}
+
+
+def _eval_row(config: ExperimentConfig, evaluate, params, eval_docs, rows, put) -> dict[str, float]:
+  d = config.data
+  eval_data = pipeline.Pipeline(eval_docs, batch_size=d.batch_size, seq_len=d.seq_len, shards=d.shards,
+                                seed=config.seed, host_rows=rows)
+  return evaluate(params, (put(next(eval_data)) for _ in range(config.train.eval_steps)))
+
+
+def train(config: ExperimentConfig, workdir: str) -> list[dict]:
   """Trains (or resumes) and returns the rows logged by this call (also in workdir/metrics.jsonl)."""
+  config = configs.from_dict(ExperimentConfig, config)
   workdir = _writable_workdir(workdir)
   trainer = make_trainer(config)
-  steps, batch = config.train.steps, config.data.batch_size
+  steps, tc, batch = config.train.steps, config.train, config.data.batch_size
   rows = distributed.host_rows(trainer.batch_sharding, batch)
   data = pipeline.from_config(config.data, 'train', config.seed, rows)
-  eval_docs = pipeline.documents(config.data, 'eval', config.seed) if config.train.eval_every else None
+  eval_docs = pipeline.documents(config.data, 'eval', config.seed) if tc.eval_every else None
   put = lambda b: jax.tree.map(lambda x: jax.make_array_from_process_local_data(
       trainer.batch_sharding, x, (batch,) + x.shape[1:]), b)
-
   ckpt = _checkpointer(config, workdir)
-  state, rng_data, restored = _init_or_restore(trainer, ckpt, config.seed)
-  rng = jax.random.wrap_key_data(rng_data)
-  pending, start = [], 0
-  if restored:
-    data.set_state(restored.data or {})
-    pending, start = restored.meta.get('pending', []), restored.step
-
-  flops = flops_lib.flops_per_token(trainer.cfg, config.data.seq_len)['train']
-  peak = config.train.peak_tflops * 1e12 or flops_lib.peak_flops()
-  writer = MetricsWriter(workdir, total_steps=steps, initial_step=start)
-  writer.truncate(start)  # Rows after the checkpoint are logged again, identically.
-  step_fn, evaluate = trainer.step_fn(), eval_fn(trainer)
-  history, untimed, t0 = [], len(pending), time.perf_counter()
+  start = _start(trainer, ckpt, data, config.seed)
+  state, rng = start.state, jax.random.wrap_key_data(start.rng_data)
+  interval = _Interval(start.pending, flops_lib.flops_per_token(trainer.cfg, config.data.seq_len)['train'],
+                       tc.peak_tflops * 1e12 or flops_lib.peak_flops())
+  writer = MetricsWriter(workdir, total_steps=steps, initial_step=start.step)
+  writer.truncate(start.step)  # Rows after the checkpoint are logged again, identically.
+  step_fn, evaluate, history = trainer.step_fn(), eval_fn(trainer), []
   with _Preemption() as preemption:
-    for step in range(start + 1, steps + 1):
+    for step in range(start.step + 1, steps + 1):
       state, metrics = step_fn(state, put(next(data)), jax.random.fold_in(rng, step))
-      pending.append(metrics)
-      row = {}
-      if step % config.train.log_every == 0 or step == steps:
-        fetched = jax.device_get(pending)  # Host sync: once per log interval.
-        elapsed = time.perf_counter() - t0
-        tokens_per_s = sum(float(m['tokens']) for m in fetched[untimed:]) / elapsed
-        row = {k: float(v) for k, v in fetched[-1].items()}
-        # In float64 from Python floats: after a resume, `pending` holds floats read back from the
-        # checkpoint, and a float32 mean would then differ in the last bits from an unbroken run.
-        row.update(loss=float(np.mean([float(m['loss']) for m in fetched])), tokens_per_s=tokens_per_s)
-        if peak:
-          row['mfu'] = flops_lib.mfu(tokens_per_s, flops, jax.device_count(), peak)
-        pending, untimed = [], 0
-      if config.train.eval_every and step % config.train.eval_every == 0:
-        eval_data = pipeline.Pipeline(eval_docs, batch_size=batch, seq_len=config.data.seq_len,
-                                      shards=config.data.shards, seed=config.seed, host_rows=rows)
-        row.update(evaluate(state.params,
-                            (put(next(eval_data)) for _ in range(config.train.eval_steps))))
+      interval.pending.append(metrics)
+      row = interval.row() if step % tc.log_every == 0 or step == steps else {}
+      if tc.eval_every and step % tc.eval_every == 0:
+        row.update(_eval_row(config, evaluate, state.params, eval_docs, rows, put))
       if row:
         history.append(writer.write(step, row))
       stop = preemption.reached(step)
       saved = stop or step == steps or ckpt.should_save(step)
       if saved:
-        meta = {'pending': [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]}
-        ckpt.save(step, checkpoint_tree(state, rng_data), data=data.get_state(), meta=meta,
+        ckpt.save(step, checkpoint_tree(state, start.rng_data), data=data.get_state(), meta=interval.meta(),
                   metrics=row if 'eval_loss' in row else None, force=True)
       if row or saved:  # The devices are idle: time the next interval from here.
-        t0 = time.perf_counter()
+        interval.t0 = time.perf_counter()
       if stop:
         print(f'SIGTERM: saved a checkpoint at step {step} in {ckpt.directory}; '
               'run the same command to resume', flush=True)

@@ -12,6 +12,7 @@ import transformers
 
 import chatml
 from experiments import toolcalc_rl
+from research import configs
 from research.hf import convert
 from research.model import transformer
 from research.rl import loop, teacher as teacher_lib
@@ -29,7 +30,7 @@ def _tiny(steps=2) -> ml_collections.ConfigDict:
   m = c.model
   m.d_model, m.head_dim, m.num_heads, m.num_kv_heads, m.d_expert, m.num_experts = 32, 16, 2, 1, 32, 4
   c.sft.steps, c.sft.batch_size = 4, 8
-  c.rl.steps, c.rl.tasks_per_step, c.rl.group_size, c.rl.router_replay = steps, 4, 2, True
+  c.rl.steps, c.rl.tasks_per_step, c.rl.group_size, c.sampler.record_routes = steps, 4, 2, True
   c.sampler.max_turns, c.sampler.max_turn_tokens, c.sampler.max_len = 3, 12, 96
   c.eval.every, c.eval.num_tasks = 2, 8
   c.checkpoint_every, c.tensorboard = 1, False
@@ -56,10 +57,10 @@ def test_loop_end_to_end_and_resume(tmp_path):
   assert [r['step'] for r in rows if r['step'] > 0] == [1, 2, 3, 4]
 
 
-def _fixture(workdir):
+def _fixture(tmp_path):
   c = _tiny()
   c.loss.anchor_coef = 0.0
-  r = loop.Runner(c, str(workdir))
+  r = loop.Runner(c, str(tmp_path))
   params = transformer.init(r.cfg, jax.random.key(0))
   prompt, _ = chat.render(r.tok, [{'role': 'user', 'content': 'tools +:plus\n3+4'}], add_generation_prompt=True)
   t = Trajectory.from_prompt(prompt)
@@ -68,7 +69,7 @@ def _fixture(workdir):
 
 
 def _run_updates(c, r, params, t, feedback, adv, n, teacher_params=None):
-  lc = loop.LossConfig.from_config(c.loss)
+  lc = configs.from_dict(loop.LossConfig, c.loss, 'loss')
   tx = optax.adam(1e-2)
   update = loop.make_update(r.cfg, tx, lc, 1.0)
   frozen = jax.tree.map(jnp.copy, params if teacher_params is None else teacher_params)

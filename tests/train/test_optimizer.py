@@ -1,11 +1,9 @@
 """The model's leaves as Muon sees them, Muon on a mesh equal to Muon on one device, QK-clip."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from experiments import tiny_moe
@@ -83,3 +81,20 @@ def test_qk_clip_caps_each_heads_max_logit():
 def test_qk_clip_rejects_qk_norm_models():
   with pytest.raises(ValueError, match='qk_norm'):
     optim.qk_clip_targets(ModelConfig(qk_norm=True))
+
+
+def test_every_muon_field_reaches_muon(monkeypatch):
+  """optimizer.muon's fields arrive at research/optim/muon.py's `muon` (ns_dtype 'auto' as None)."""
+  seen = {}
+  monkeypatch.setattr(optim.muon_lib, 'muon', lambda lr, **kw: seen.update(kw) or optax.identity())
+  c = _opt_config('muon')
+  c.muon.update(ns_coeffs='polar_express', beta=0.9, consistent_rms=0.3, ns_dtype='bfloat16',
+                exchange='all_gather', chunk_bytes=4096, spread_axes=('fsdp',))
+  optim.make_optimizer(c, 10, MLA)
+  assert {k: seen[k] for k in ('ns_coeffs', 'beta', 'consistent_rms', 'ns_dtype', 'exchange', 'chunk_bytes',
+                               'spread_axes')} == {
+      'ns_coeffs': 'polar_express', 'beta': 0.9, 'consistent_rms': 0.3, 'ns_dtype': 'bfloat16',
+      'exchange': 'all_gather', 'chunk_bytes': 4096, 'spread_axes': ('fsdp',)}
+  c.muon.ns_dtype = 'auto'
+  optim.make_optimizer(c, 10, MLA)
+  assert seen['ns_dtype'] is None  # muon picks: float32 on CPU, bfloat16 elsewhere.
