@@ -29,6 +29,17 @@ def _cluster_detected() -> bool:
   return multi or ',' in os.environ.get('TPU_WORKER_HOSTNAMES', '')
 
 
+def simulate_cpu_devices(n: int) -> None:
+  """Lets a one-process run on a CPU-only machine build a mesh of n devices (entry points only).
+
+  Adds XLA's flag for n simulated host devices unless XLA_FLAGS already sets a count; it only
+  affects the CPU platform, so accelerators are untouched. Must run before JAX's backends start.
+  """
+  flags = os.environ.get('XLA_FLAGS', '')
+  if '--xla_force_host_platform_device_count' not in flags:
+    os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={n}'.strip()
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None) -> bool:
   """Joins the processes of a multi-host run; returns False (and does nothing) for one process.
