@@ -22,9 +22,9 @@ class ModelConfig:
   vocab_size: int = 256
   d_model: int = 128
   num_layers: int = 2
+  attention: str = 'gqa'            # 'gqa' (Qwen3) or 'mla' (DeepSeek-V3, Kimi K2).
   num_heads: int = 4
   # GQA attention.
-  attention: str = 'gqa'
   num_kv_heads: int = 2
   head_dim: int = 32
   qk_norm: bool = True              # Qwen3: RMSNorm on each query/key head before RoPE.
@@ -34,8 +34,8 @@ class ModelConfig:
   qk_nope_head_dim: int = 32
   qk_rope_head_dim: int = 16
   v_head_dim: int = 32
-  rope_theta: float = 10_000.0
   rope_interleaved: bool = False    # DeepSeek rotates (2i, 2i+1) pairs; Qwen rotates halves.
+  rope_theta: float = 10_000.0
   # YaRN context extension (HF rope_type 'yarn'; DeepSeek-V3, Kimi K2). factor 1.0 is plain RoPE.
   rope_yarn_factor: float = 1.0
   rope_yarn_original_len: int = 4096
@@ -48,11 +48,11 @@ class ModelConfig:
   d_ff: int = 256
   first_k_dense: int = 0
   # Experts.
+  router: str = 'softmax'
   num_experts: int = 8
   num_experts_per_tok: int = 2
   d_expert: int = 64
   num_shared_experts: int = 0
-  router: str = 'softmax'
   norm_topk_prob: bool = True
   n_group: int = 1                  # Group-limited routing: keep the best topk_group of n_group.
   topk_group: int = 1
