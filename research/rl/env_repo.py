@@ -128,9 +128,9 @@ def is_protected(rel: str, task: task_lib.Task) -> bool:
 
 
 def run_error(output: str) -> dict | None:
-  """The last ImportError / NameError a command printed, as critics read it."""
-  found = _RUN_ERROR.findall(output)
-  return {'error_type': found[-1][0], 'error': f'{found[-1][0]}: {found[-1][1]}'} if found else None
+  """The first ImportError / NameError a command printed (later ones may be summaries, cut short)."""
+  m = _RUN_ERROR.search(output)
+  return {'error_type': m.group(1), 'error': m.group(0)} if m else None
 
 
 class Episode:
