@@ -39,7 +39,8 @@ from research.tasks import pool as pool_lib
 from research.tasks import sandbox
 from research.tasks import task as task_lib
 
-_PYTEST = re.compile(r'\bpytest\b')
+# A command that runs the tests: `pytest ...`, `python -m pytest ...` (not `cat pytest.ini`).
+_PYTEST = re.compile(r'(?:^|[\s;&|()])(?:py\.test|pytest)(?=$|[\s;&|()])')
 _RUN_ERROR = re.compile(r"\b(ImportError|ModuleNotFoundError|NameError): (.*)")
 # Sandboxed runs take uids from the top half of this process's block; graders use the bottom.
 _RUN_SLOTS = range(sandbox.UIDS_PER_PROCESS // 2, sandbox.UIDS_PER_PROCESS)
@@ -71,7 +72,8 @@ class Settings:
   call_format: str = 'chatml'
   max_turns: int = 30
   observation_chars: int = 6000
-  run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, output_kb=32)
+  # Small files: the work area is diffed at the end, and a huge edited file would stall that.
+  run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, fsize_mb=8, output_kb=32)
   python: str = sys.executable
 
   @classmethod
@@ -89,7 +91,8 @@ class Settings:
 
   def __post_init__(self):
     if self.call_format not in tools.FORMATS:
-      raise ValueError(f'repo env: unknown call_format {self.call_format!r}; known: {sorted(tools.FORMATS)}')
+      raise ValueError(f'repo env: unknown call_format {self.call_format!r}; '
+                       f'known: {sorted(tools.FORMATS)}')
 
 
 def tool_list() -> str:
@@ -117,7 +120,8 @@ def prompt(task: task_lib.Task, tree: Path, call_format: str) -> list[dict]:
   example = tools.FORMATS[call_format].render(tools.Call('view', {'path': task.file}))
   system = ('You fix a Python repository with these tools, one tool call per message:\n'
             f'{tool_list()}\nPaths are relative to the repository root. A call looks like:\n{example}')
-  return [{'role': 'system', 'content': system}, {'role': 'user', 'content': task_statement(task, tree)}]
+  return [{'role': 'system', 'content': system},
+          {'role': 'user', 'content': task_statement(task, tree)}]
 
 
 def is_protected(rel: str, task: task_lib.Task) -> bool:

@@ -54,7 +54,8 @@ def _edit(path: str, text: str, h: Hunk) -> Call:
     raise ValueError(f'oracle: a hunk of {path} removes lines whose context is not unique')
   new = h.new.splitlines(keepends=True)
   added = new[h.lead:h.lead + len(new) - len(h.old.splitlines())]
-  return Call('insert', {'path': path, 'line': max(h.old_start - 1, 0) + h.lead, 'text': ''.join(added)})
+  line = max(h.old_start - 1, 0) + h.lead
+  return Call('insert', {'path': path, 'line': line, 'text': ''.join(added)})
 
 
 def calls(task: task_lib.Task, solution: task_lib.Solution, tree: Path) -> list[Call]:

@@ -115,13 +115,15 @@ def parse_chatml(message: str) -> Call:
     obj = json.loads(blocks[0])
   except json.JSONDecodeError as e:
     raise CallError('malformed', f'the tool call is not valid JSON ({e})') from None
-  if not (isinstance(obj, dict) and isinstance(obj.get('name'), str) and set(obj) <= {'name', 'arguments'}):
+  if not (isinstance(obj, dict) and isinstance(obj.get('name'), str)
+          and set(obj) <= {'name', 'arguments'}):
     raise CallError('malformed', 'a tool call is {"name": "...", "arguments": {...}}')
   return _decode(obj['name'], json.dumps(obj.get('arguments', {})))
 
 
 def render_chatml(call: Call) -> str:
-  return '<tool_call>\n' + json.dumps({'name': call.name, 'arguments': call.arguments}) + '\n</tool_call>'
+  body = json.dumps({'name': call.name, 'arguments': call.arguments})
+  return f'<tool_call>\n{body}\n</tool_call>'
 
 
 _KIMI = re.compile(r'<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+)(?::\d+)?\s*'
@@ -222,7 +224,10 @@ def search(root: Path, pattern: str, path: str = '.', max_matches: int = 100) ->
   except re.error as e:
     raise ToolError(f'bad regular expression {pattern!r}: {e}') from None
   full = resolve(root, path)
-  rels = [PurePosixPath(path, f).as_posix() for f in layout.iter_files(full)] if full.is_dir() else [path]
+  if full.is_dir():
+    rels = [PurePosixPath(path, f).as_posix() for f in layout.iter_files(full)]
+  else:
+    rels = [path]
   hits = []
   for rel in rels:
     f = root / rel

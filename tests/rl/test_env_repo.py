@@ -73,7 +73,7 @@ def test_oracle_solves_every_task_in_parallel(env, repo_task_dir):
         task.id, final['grade'])
     stats = final['episode']
     assert stats['tests_run_before_submit'] and stats['ended_by'] == 'submit'
-    assert stats['tool_calls']['view'] == stats['tool_calls']['run'] == stats['tool_calls']['submit'] == 1
+    assert [stats['tool_calls'][n] for n in ('view', 'run', 'submit')] == [1, 1, 1]
     assert stats['bad_calls'] == 0 and stats['env_seconds'] > 0
     assert not ep.root.exists()  # The work area is gone.
     assert critics.Critic(list(critics.REGISTRY))(t) == []
@@ -197,7 +197,8 @@ def test_paths_cannot_escape(env, tmp_path):
 
 def test_turn_limit_and_close_grade_the_work(env, repo_task_dir):
   task = slug(env)
-  limited = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', env.pool, env_repo.Settings(max_turns=3), ids=[SLUG])
+  limited = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', env.pool, env_repo.Settings(max_turns=3),
+                             ids=[SLUG])
   ep = limited.reset(task)
   t = play(ep, oracle_messages(task, repo_task_dir))   # view, edit, run: the limit ends it.
   final = t.messages[-1].info
