@@ -113,21 +113,29 @@ register(OnInfo('missing_path', lambda info: 'missing' in info,
 
 
 class RunErrorAtEdit(Rule):
-  """An error a `run` printed, blamed on the last edit of a Python file before it (which wrote the
-  bad line), or on the run itself when there was none. The text is the `base` rule's."""
+  """An error a `run` printed, with the `base` rule's text, placed before the edit that wrote the bad
+  line: the latest earlier edit of a Python file whose message holds a name the error quotes; before
+  the run itself when there is none (the command's own mistake)."""
 
   def __init__(self, name: str, base: str):
     self.name, self.base = name, base
 
   def __call__(self, traj: Trajectory) -> list[Feedback]:
-    out, edit = [], None
+    out = []
     for i, m in enumerate(traj.messages):
-      if str(m.info.get('edited', '')).endswith('.py'):
-        edit = i
       err = m.info.get('run_error')
       if err and (h := REGISTRY[self.base].hint(err, traj, i)) is not None:
-        out.append(Feedback(i if edit is None else edit, h, self.name))
+        out.append(Feedback(self.culprit(traj, i, err['error']), h, self.name))
     return out
+
+  @staticmethod
+  def culprit(traj: Trajectory, i: int, error: str) -> int:
+    names = re.findall(r"'([\w.]+)'", error)
+    for j in range(i - 1, -1, -1):
+      m = traj.messages[j]
+      if str(m.info.get('edited', '')).endswith('.py') and any(n in m.text for n in names):
+        return j
+    return i
 
 
 register(RunErrorAtEdit('run_import_error', 'import_error'))

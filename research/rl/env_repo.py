@@ -161,7 +161,8 @@ class Episode:
     t0 = time.perf_counter()
     try:
       out = fn(arg)
-    except BaseException:
+    except BaseException as e:
+      self.stats.fault |= isinstance(e, EnvFault)
       self._remove()
       raise
     finally:
@@ -273,7 +274,6 @@ class Episode:
       grade = grading.Grade(0.0, 'no changes')
     st.grade_reason = grade.reason
     if grade.fault:
-      st.fault = True
       raise EnvFault(f'grader: {grade.reason}')
     st.hacked = bool(grade.tamper)
     reward = 0.0 if st.hacked else float(grade.reward)

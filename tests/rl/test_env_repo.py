@@ -142,6 +142,9 @@ def test_malformed_and_random_calls_never_crash(env):
   for message, kind in BAD_CALLS.items():
     step = ep.step(message)
     assert not step.done and step.info['call_error'] == kind and step.observation.startswith('error: ')
+  # A command cannot pass itself off as a sandbox that failed to start (a fault masks the episode).
+  step = ep.step(call('run', command="echo 'bwrap: cannot start'; exit 1"))
+  assert not step.done and step.observation == 'exit code 1\nbwrap: cannot start\n'
   rng = np.random.default_rng(0)
   values = ['', '.', 'textops', 'textops/core.py', 'nope.py', '../x', '/etc/passwd', '(', 'true',
             'def', STUB, 0, -3, 10**9, None, [1], {'a': 1}]
@@ -236,7 +239,8 @@ def test_each_critic_fires_on_its_trigger(env):
       call('run', command=PYTEST),                                                  # 7 third failure
       call('insert', path='textops/core.py', line=1, text='import textops.nothere'),  # 8 ImportError
       call('run', command='python -c "import textops.core"'),
-      call('submit'),                                                               # 10 untested
+      call('run', command='python -c "import nosuchmodule"'),                      # 10 its own error
+      call('submit'),                                                               # 11 untested
   ]
   t = play(env.reset(slug(env)), messages)
   assert t.done and len(t.messages) == len(messages)
@@ -246,7 +250,8 @@ def test_each_critic_fires_on_its_trigger(env):
   fb = critics.Critic(REPO_RULES)(t)
   assert [(f.message, f.rule) for f in fb] == [
       (0, 'tool_call'), (1, 'missing_path'), (2, 'protected_edit'), (3, 'syntax_error'),
-      (4, 'run_name_error'), (7, 'repeated_failure'), (8, 'run_import_error'), (10, 'untested_submit')]
+      (4, 'run_name_error'), (7, 'repeated_failure'), (8, 'run_import_error'), (10, 'run_import_error'),
+      (11, 'untested_submit')]
   hints = {f.rule: f.hint for f in fb}
   assert '<tool_call>' in hints['tool_call'] and 'str_replace(path, old, new)' in hints['tool_call']
   assert hints['missing_path'] == 'textops/cor.py does not exist; the nearest existing path is textops/core.py.'
@@ -270,3 +275,13 @@ def test_array_record_tasks_and_settings(env, tmp_path):
     env_repo.Settings.from_dict({'max_turn': 5})
   with pytest.raises(ValueError, match='call_format'):
     env_repo.Settings(call_format='xml')
+
+
+def test_episodes_of_one_task_are_independent(env):
+  a, b = env.reset(slug(env)), env.reset(slug(env))
+  assert a.root != b.root and a.uid != b.uid
+  a.step(call('str_replace', path='textops/core.py', old=STUB, new='  return text\n'))
+  assert 'raise NotImplementedError' in b.step(call('search', pattern='NotImplemented')).observation
+  assert b.close('context').info['grade'] == 'no changes'
+  final = a.close('context')
+  assert final.reward == 0.0 and 'required tests not passed' in final.info['grade']
