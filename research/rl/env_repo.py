@@ -66,6 +66,18 @@ class EpisodeStats:
   grade_reason: str = ''
 
 
+def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
+  """A batch's per-step metrics: rates and means over its episodes, tool calls per episode by tool."""
+  n = max(len(stats), 1)
+  out = {'hack_rate': sum(s.hacked for s in stats) / n, 'fault_rate': sum(s.fault for s in stats) / n,
+         'env_seconds': sum(s.env_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
+         'tests_run_before_submit': sum(s.tests_run_before_submit for s in stats) / n,
+         'bad_calls': sum(s.bad_calls for s in stats) / n}
+  for name in tools.TOOLS:
+    out[f'tool_calls/{name}'] = sum(s.tool_calls.get(name, 0) for s in stats) / n
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """How episodes run: call syntax, limits on turns, observations and shell commands."""

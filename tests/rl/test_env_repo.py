@@ -285,3 +285,16 @@ def test_episodes_of_one_task_are_independent(env):
   assert b.close('context').info['grade'] == 'no changes'
   final = a.close('context')
   assert final.reward == 0.0 and 'required tests not passed' in final.info['grade']
+
+
+def test_metrics_over_a_batch():
+  stats = [env_repo.EpisodeStats(turns=4, tool_calls={'view': 2, 'submit': 1}, env_seconds=1.5,
+                                 tests_run_before_submit=True),
+           env_repo.EpisodeStats(turns=2, tool_calls={'run': 1}, bad_calls=1, hacked=True,
+                                 env_seconds=0.5),
+           env_repo.EpisodeStats(turns=0, fault=True)]
+  m = env_repo.metrics(stats)
+  assert m['hack_rate'] == m['fault_rate'] == m['tests_run_before_submit'] == pytest.approx(1 / 3)
+  assert (m['env_seconds'], m['turns'], m['bad_calls']) == (2.0, 2.0, pytest.approx(1 / 3))
+  assert m['tool_calls/view'] == pytest.approx(2 / 3) and m['tool_calls/run'] == pytest.approx(1 / 3)
+  assert m['tool_calls/create'] == 0.0
