@@ -67,7 +67,7 @@ class EpisodeStats:
 
 
 def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
-  """A batch's per-step metrics: rates and means over its episodes, tool calls per episode by tool."""
+  """A batch's per-step metrics: rates and means per episode (tool calls by tool), env_seconds summed."""
   n = max(len(stats), 1)
   out = {'hack_rate': sum(s.hacked for s in stats) / n, 'fault_rate': sum(s.fault for s in stats) / n,
          'env_seconds': sum(s.env_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
@@ -76,6 +76,12 @@ def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
   for name in tools.TOOLS:
     out[f'tool_calls/{name}'] = sum(s.tool_calls.get(name, 0) for s in stats) / n
   return out
+
+
+def _reject_unknown(d, cls, what: str) -> None:
+  unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+  if unknown:
+    raise ValueError(f'unknown {what} field(s) {unknown}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,16 +95,13 @@ class Settings:
   python: str = sys.executable
 
   @classmethod
-  def from_dict(cls, d: dict) -> 'Settings':
+  def from_dict(cls, d) -> 'Settings':
     """From a config dict (run_limits as a dict of sandbox.Limits fields), rejecting unknown keys."""
-    for keys, known, what in ((set(d), {f.name for f in dataclasses.fields(cls)}, 'repo env settings'),
-                              (set(d.get('run_limits', {})),
-                               {f.name for f in dataclasses.fields(sandbox.Limits)}, 'run_limits')):
-      if keys - known:
-        raise ValueError(f'unknown {what} field(s) {sorted(keys - known)}')
     d = dict(d)
+    _reject_unknown(d, cls, 'repo env settings')
     if 'run_limits' in d:
-      d['run_limits'] = sandbox.Limits(**d['run_limits'])
+      _reject_unknown(d['run_limits'], sandbox.Limits, 'run_limits')
+      d['run_limits'] = sandbox.Limits(**dict(d['run_limits']))
     return cls(**d)
 
   def __post_init__(self):
@@ -147,6 +150,10 @@ def run_error(output: str) -> dict | None:
   """The first ImportError / NameError a command printed (later ones may be summaries, cut short)."""
   m = _RUN_ERROR.search(output)
   return {'error_type': m.group(1), 'error': m.group(0)} if m else None
+
+
+_FILE_TOOLS = {'view': tools.view, 'search': tools.search, 'str_replace': tools.str_replace,
+               'insert': tools.insert, 'create': tools.create}
 
 
 class Episode:
@@ -211,16 +218,14 @@ class Episode:
 
   def _dispatch(self, call: tools.Call, info: dict) -> str:
     args = call.arguments
+    if call.name == 'run':
+      return self._run(args['command'], info)
     try:
-      if call.name == 'run':
-        return self._run(args['command'], info)
-      fn = {'view': tools.view, 'search': tools.search, 'str_replace': tools.str_replace,
-            'insert': tools.insert, 'create': tools.create}[call.name]
-      obs = fn(self.work, **args)
+      obs = _FILE_TOOLS[call.name](self.work, **args)
     except tools.Missing as e:
       info.update(missing=e.path, nearest=e.nearest)
       return f'error: {e}'
-    except tools.ToolError as e:
+    except (tools.ToolError, OSError) as e:  # OSError: e.g. a file where a directory should be.
       info['tool_error'] = str(e)
       return f'error: {e}'
     if call.name in tools.EDITS:
@@ -241,6 +246,9 @@ class Episode:
 
   def _run(self, command: str, info: dict) -> str:
     """The command in the sandbox: the work area writable, the interpreter and site dirs read-only."""
+    if not tools.is_text(command):
+      info['tool_error'] = 'the command must be UTF-8 text without NUL bytes'
+      return f'error: {info["tool_error"]}'
     marker = f'run started {secrets.token_hex(8)}'
     py_path = [str(self.work / p) if p else str(self.work) for p in self.task.python_path]
     env = {'PATH': f'{Path(self.s.python).parent}:/usr/bin:/bin', 'HOME': '/tmp', 'TMPDIR': '/tmp',

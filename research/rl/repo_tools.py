@@ -181,6 +181,8 @@ def resolve(root: Path, rel: str, must_exist: bool = True) -> Path:
   p = PurePosixPath(rel)
   if not rel.strip():
     raise ToolError('give a path relative to the repository root')
+  if not is_text(rel):
+    raise ToolError('a path must be UTF-8 text without NUL bytes')
   if p.is_absolute():
     raise ToolError(f'{rel}: absolute paths are refused; give a path relative to the repository root')
   if '..' in p.parts:
@@ -193,6 +195,21 @@ def resolve(root: Path, rel: str, must_exist: bool = True) -> Path:
   if must_exist and not os.path.lexists(full):
     raise Missing(str(p), nearest(root, str(p)))
   return full
+
+
+def is_text(s: str) -> bool:
+  """Whether a string can reach the file system (no NUL, no lone surrogates)."""
+  try:
+    s.encode()
+  except UnicodeEncodeError:
+    return False
+  return '\0' not in s
+
+
+def _write(path: Path, text: str) -> None:
+  if not is_text(text):
+    raise ToolError('the text must be UTF-8 without NUL bytes')
+  path.write_text(text)
 
 
 def _read(path: Path, rel: str) -> str:
@@ -255,7 +272,7 @@ def str_replace(root: Path, path: str, old: str, new: str) -> str:
                     '(copy the lines exactly, whitespace included, and add lines to make it unique)')
   at = text.index(old)
   text = text[:at] + new + text[at + len(old):]
-  full.write_text(text)
+  _write(full, text)
   first = text.count('\n', 0, at) + 1
   return f'Edited {path}:\n' + _snippet(text, first, first + new.count('\n'))
 
@@ -269,7 +286,7 @@ def insert(root: Path, path: str, line: int, text: str) -> str:
     lines[-1] += '\n'
   new = text if text.endswith('\n') else text + '\n'
   out = ''.join(lines[:line]) + new + ''.join(lines[line:])
-  full.write_text(out)
+  _write(full, out)
   return f'Edited {path}:\n' + _snippet(out, line + 1, line + new.count('\n'))
 
 
@@ -277,6 +294,8 @@ def create(root: Path, path: str, text: str) -> str:
   full = resolve(root, path, must_exist=False)
   if os.path.lexists(full):
     raise ToolError(f'{path} exists; change it with str_replace or insert')
+  if not is_text(text):
+    raise ToolError('the text must be UTF-8 without NUL bytes')
   full.parent.mkdir(parents=True, exist_ok=True)
   full.write_text(text)
   return f'Created {path} ({len(text.splitlines())} lines).'

@@ -142,14 +142,20 @@ def test_malformed_and_random_calls_never_crash(env):
   for message, kind in BAD_CALLS.items():
     step = ep.step(message)
     assert not step.done and step.info['call_error'] == kind and step.observation.startswith('error: ')
+  # Odd input the tools refuse: NUL bytes, lone surrogates, a file where a directory should be.
+  for odd in [call('create', path='textops/a\x00b.py', text=''), call('create', path='textops/x.py', text='\ud800'),
+              call('run', command='echo \ud800'), call('run', command='echo a\x00b'),
+              call('create', path='textops/core.py/x.py', text='')]:
+    step = ep.step(odd)
+    assert not step.done and step.observation.startswith('error: ') and 'tool_error' in step.info
   # A command cannot pass itself off as a sandbox that failed to start (a fault masks the episode).
   step = ep.step(call('run', command="echo 'bwrap: cannot start'; exit 1"))
   assert not step.done and step.observation == 'exit code 1\nbwrap: cannot start\n'
   rng = np.random.default_rng(0)
   values = ['', '.', 'textops', 'textops/core.py', 'nope.py', '../x', '/etc/passwd', '(', 'true',
-            'def', STUB, 0, -3, 10**9, None, [1], {'a': 1}]
+            'def', STUB, 'a\x00b', '\ud800', 'textops/core.py/x.py', 0, -3, 10**9, None, [1], {'a': 1}]
   names = [n for n in tools.TOOLS if n != 'submit'] + ['bogus']
-  for _ in range(40):
+  for _ in range(60):
     name = str(rng.choice(names))
     params = [p for p, _ in tools.TOOLS[name].params] if name in tools.TOOLS else ['path']
     args = {p: values[int(rng.integers(len(values)))] for p in params + ['extra'] if rng.random() < 0.8}
@@ -273,6 +279,8 @@ def test_array_record_tasks_and_settings(env, tmp_path):
   assert s.max_turns == 5 and s.run_limits.wall_s == 5.0 and s.run_limits.cpu_s == 60
   with pytest.raises(ValueError, match='max_turn'):
     env_repo.Settings.from_dict({'max_turn': 5})
+  with pytest.raises(ValueError, match="run_limits field\\(s\\) \\['wall'\\]"):
+    env_repo.Settings.from_dict({'run_limits': {'wall': 5.0}})
   with pytest.raises(ValueError, match='call_format'):
     env_repo.Settings(call_format='xml')
 
