@@ -263,10 +263,18 @@ def _snippet(text: str, first: int, last: int, context: int = 2) -> str:
   return _numbered(lines[lo - 1:hi], lo)
 
 
+def matches(text: str, old: str, most: int = 100) -> int:
+  """Where `old` starts in text, overlaps counted (x\\nx\\n is in x\\nx\\nx\\n twice), up to `most`."""
+  n, at = 0, text.find(old) if old else -1
+  while at != -1 and n < most:
+    n, at = n + 1, text.find(old, at + 1)
+  return n
+
+
 def str_replace(root: Path, path: str, old: str, new: str) -> str:
   full = resolve(root, path)
   text = _read(full, path)
-  count = text.count(old) if old else 0
+  count = matches(text, old)
   if count != 1:
     raise ToolError(f'old text found {count} times in {path}; it must match exactly once '
                     '(copy the lines exactly, whitespace included, and add lines to make it unique)')

@@ -6,6 +6,7 @@ path escapes are contained; the turn limit and close() grade; a grader fault rai
 critic fires on its trigger and none on the oracle's trajectories.
 """
 from concurrent import futures
+import dataclasses
 import os
 from pathlib import Path
 
@@ -306,3 +307,33 @@ def test_metrics_over_a_batch():
   assert (m['env_seconds'], m['turns'], m['bad_calls']) == (2.0, 2.0, pytest.approx(1 / 3))
   assert m['tool_calls/view'] == pytest.approx(2 / 3) and m['tool_calls/run'] == pytest.approx(1 / 3)
   assert m['tool_calls/create'] == 0.0
+
+
+def test_oracle_edits_rebuild_the_original(env, tmp_path):
+  """Hunks in repetitive code widen their context until it is unique; an empty file gets an insert."""
+  original = ('x = 1\n' * 4 + 'new = 1\n' + 'x = 1\n' * 8 + 'new = 2\n' + 'x = 1\n' * 8
+              + 'def f():\n  return 3\n')
+  files = {'pkg/m.py': (original.replace('new = 1\n', '').replace('new = 2\n', '').replace(
+      '  return 3\n', STUB), original), 'pkg/empty.py': ('', 'y = 2\n')}
+  for rel, texts in files.items():
+    for name, text in zip(('deleted', 'original'), texts):
+      (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+      (tmp_path / name / rel).write_text(text)
+  patch = repo_oracle.patch_lib.diff_trees(tmp_path / 'deleted', tmp_path / 'original')
+  task = dataclasses.replace(slug(env), file='pkg/m.py')
+  calls = repo_oracle.calls(task, task_lib.Solution(task.id, patch, '', []), tmp_path / 'deleted')
+  assert {c.name for c in calls[1:-2]} == {'str_replace', 'insert'}
+  for c in calls:
+    if c.name in tools.EDITS:
+      getattr(tools, c.name)(tmp_path / 'deleted', **c.arguments)
+  for rel, (_, text) in files.items():
+    assert (tmp_path / 'deleted' / rel).read_text() == text
+
+
+def test_str_replace_needs_exactly_one_match(tmp_path):
+  (tmp_path / 'a.py').write_text('x\nx\nx\ny\n')
+  for old, n in (('x\nx\n', 2), ('z', 0), ('', 0)):   # Overlapping matches count.
+    with pytest.raises(tools.ToolError, match=f'found {n} times'):
+      tools.str_replace(tmp_path, 'a.py', old, 'w\n')
+  assert tools.str_replace(tmp_path, 'a.py', 'x\ny', 'w') == 'Edited a.py:\n     1\tx\n     2\tx\n     3\tw\n'
+  assert (tmp_path / 'a.py').read_text() == 'x\nx\nw\n'
