@@ -3,22 +3,28 @@
 An oracle delivering each task's solution through the tools gets reward 1 on every task; attacks
 delivered through the tools get 0 and are flagged as hacks; malformed and random calls, floods and
 path escapes are contained; the turn limit and close() grade; a grader fault raises; each coding
-critic fires on its trigger and none on the oracle's trajectories.
+critic fires on its trigger and none on the oracle's trajectories; the sampler drives episodes.
 """
 from concurrent import futures
 import dataclasses
 import os
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
+from research.model import transformer
+from research.model.config import ModelConfig
 from research.rl import critics, env_repo, repo_oracle
 from research.rl import repo_tools as tools
+from research.rl.sampler import Sampler, SamplerConfig
 from research.rl.trajectory import Trajectory
 from research.tasks import grading
+from research.tasks import patch as patch_lib
 from research.tasks import pool as pool_lib
 from research.tasks import task as task_lib
+from research.tokenizer.base import ByteTokenizer
 
 CHATML = tools.FORMATS['chatml']
 SLUG = 'textops.core.slugify.body'
@@ -319,7 +325,7 @@ def test_oracle_edits_rebuild_the_original(env, tmp_path):
     for name, text in zip(('deleted', 'original'), texts):
       (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
       (tmp_path / name / rel).write_text(text)
-  patch = repo_oracle.patch_lib.diff_trees(tmp_path / 'deleted', tmp_path / 'original')
+  patch = patch_lib.diff_trees(tmp_path / 'deleted', tmp_path / 'original')
   task = dataclasses.replace(slug(env), file='pkg/m.py')
   calls = repo_oracle.calls(task, task_lib.Solution(task.id, patch, '', []), tmp_path / 'deleted')
   assert {c.name for c in calls[1:-2]} == {'str_replace', 'insert'}
@@ -337,3 +343,20 @@ def test_str_replace_needs_exactly_one_match(tmp_path):
       tools.str_replace(tmp_path, 'a.py', old, 'w\n')
   assert tools.str_replace(tmp_path, 'a.py', 'x\ny', 'w') == 'Edited a.py:\n     1\tx\n     2\tx\n     3\tw\n'
   assert (tmp_path / 'a.py').read_text() == 'x\nx\nw\n'
+
+
+def test_sampler_rollout_with_a_random_model(env):
+  """The sampler drives repo episodes end to end: an untrained model's babble is bad calls, the
+  turn limit closes (and scores) every episode, nothing faults, every work area is removed."""
+  tok = ByteTokenizer()
+  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                    head_dim=16, d_ff=64, num_experts=4, num_experts_per_tok=2, d_expert=32,
+                    moe_impl='dense')
+  episodes = [env.reset(slug(env)) for _ in range(2)]
+  s = SamplerConfig(max_turn_tokens=8, max_turns=2, max_len=2048, max_obs_tokens=32)
+  trajs, stats = Sampler(cfg, tok, s).rollout(transformer.init(cfg, jax.random.key(0)), episodes,
+                                               jax.random.key(1))
+  assert stats.faults == 0 and all(t.done and t.reward == 0.0 for t in trajs)
+  assert all(m.info['call_error'] == 'malformed' for t in trajs for m in t.messages)
+  assert [e.stats.ended_by for e in episodes] == ['turns', 'turns']
+  assert not any(e.root.exists() for e in episodes)
