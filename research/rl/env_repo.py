@@ -78,15 +78,10 @@ def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
   return out
 
 
-def _reject_unknown(d, cls, what: str) -> None:
-  unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-  if unknown:
-    raise ValueError(f'unknown {what} field(s) {unknown}')
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """How episodes run: call syntax, limits on turns, observations and shell commands."""
+  """How episodes run: call syntax, limits on turns, observations and shell commands (a config
+  section: frozen, every field defaulted, `validate(path)`)."""
   call_format: str = 'chatml'
   max_turns: int = 30
   observation_chars: int = 6000
@@ -94,20 +89,15 @@ class Settings:
   run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, fsize_mb=8, output_kb=32)
   python: str = sys.executable
 
-  @classmethod
-  def from_dict(cls, d) -> 'Settings':
-    """From a config dict (run_limits as a dict of sandbox.Limits fields), rejecting unknown keys."""
-    d = dict(d)
-    _reject_unknown(d, cls, 'repo env settings')
-    if 'run_limits' in d:
-      _reject_unknown(d['run_limits'], sandbox.Limits, 'run_limits')
-      d['run_limits'] = sandbox.Limits(**dict(d['run_limits']))
-    return cls(**d)
-
-  def __post_init__(self):
+  def validate(self, path: str = 'repo.') -> 'Settings':
+    """Checks the fields (as research/configs.py's from_dict does for a section, by dotted path)."""
     if self.call_format not in tools.FORMATS:
-      raise ValueError(f'repo env: unknown call_format {self.call_format!r}; '
-                       f'known: {sorted(tools.FORMATS)}')
+      raise ValueError(f'{path}call_format={self.call_format!r}: expected one of '
+                       f'{sorted(tools.FORMATS)}')
+    if self.max_turns < 1 or self.observation_chars < 100:
+      raise ValueError(f'{path}: max_turns={self.max_turns} must be >= 1 and '
+                       f'observation_chars={self.observation_chars} >= 100')
+    return self
 
 
 def tool_list() -> str:
@@ -317,7 +307,7 @@ class RepoEnv:
     if not self.tasks:
       raise ValueError(f'repo env: no tasks in {task_file}')
     self.pool = pool or pool_lib.GraderPool()
-    self.settings = settings
+    self.settings = settings.validate()
     self._slots = itertools.count()
     self._lock = threading.Lock()
 
