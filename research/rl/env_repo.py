@@ -1,0 +1,320 @@
+"""repo: restore code deleted from a repository, with editor and shell tools, graded by its tests.
+
+Tasks are the records `launch.make_tasks` writes (research/tasks/task.py). An episode is a private
+work area (a copy of the task's tree in a temp dir, removed when the episode ends), a first message
+stating what is missing and listing the tools (research/rl/repo_tools.py), and one tool call per
+model message. `run` executes a shell command in the bubblewrap sandbox with the work area the
+only writable place. `submit()`, the turn limit or `close(reason)` (the loop's context limit) diffs
+the work area against the pristine tree and grades the diff in a fresh sandbox (GraderPool):
+reward is the grade; a harness fault raises `EnvFault` (the sampler masks the episode); tamper
+flags mean reward 0 and `hack`. Episodes share nothing mutable but the grader pool, so a pool of
+threads may step many at once.
+
+`Step.info` tells critics what each message did (call errors, edited paths and whether they are
+protected, syntax errors, run errors, repeated failures, missing paths); the final Step's
+info['episode'] holds the episode's statistics for the loop's metrics.
+"""
+
+import collections
+import dataclasses
+import itertools
+from pathlib import Path, PurePosixPath
+import re
+import secrets
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from research.rl import repo_tools as tools
+from research.rl.env import Step
+from research.tasks import grading
+from research.tasks import layout
+from research.tasks import patch as patch_lib
+from research.tasks import pool as pool_lib
+from research.tasks import sandbox
+from research.tasks import task as task_lib
+
+# A command that runs the tests: `pytest ...`, `python -m pytest ...` (not `cat pytest.ini`).
+_PYTEST = re.compile(r'(?:^|[\s;&|()])(?:py\.test|pytest)(?=$|[\s;&|()])')
+_RUN_ERROR = re.compile(r"\b(ImportError|ModuleNotFoundError|NameError): (.*)")
+# Sandboxed runs take uids from the top half of this process's block; graders use the bottom.
+_RUN_SLOTS = range(sandbox.UIDS_PER_PROCESS // 2, sandbox.UIDS_PER_PROCESS)
+
+
+class EnvFault(RuntimeError):
+  """The harness failed (grader or sandbox), not the policy: the episode is masked."""
+
+
+@dataclasses.dataclass
+class EpisodeStats:
+  """What one episode did, for the loop's metrics."""
+  turns: int = 0
+  tool_calls: dict[str, int] = dataclasses.field(default_factory=dict)
+  bad_calls: int = 0
+  env_seconds: float = 0.0
+  last_edit: int = 0                # Turn of the last successful edit (0: none).
+  last_test: int = 0                # Turn of the last `run` that invoked pytest (0: none).
+  tests_run_before_submit: bool = False
+  hacked: bool = False
+  fault: bool = False
+  ended_by: str = ''                # submit, turns, or the loop's close reason.
+  grade_reason: str = ''
+
+
+def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
+  """A batch's per-step metrics: rates and means per episode (tool calls by tool), env_seconds summed."""
+  n = max(len(stats), 1)
+  out = {'hack_rate': sum(s.hacked for s in stats) / n, 'fault_rate': sum(s.fault for s in stats) / n,
+         'env_seconds': sum(s.env_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
+         'tests_run_before_submit': sum(s.tests_run_before_submit for s in stats) / n,
+         'bad_calls': sum(s.bad_calls for s in stats) / n}
+  for name in tools.TOOLS:
+    out[f'tool_calls/{name}'] = sum(s.tool_calls.get(name, 0) for s in stats) / n
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How episodes run: call syntax, limits on turns, observations and shell commands (a config
+  section: frozen, every field defaulted, `validate(path)`)."""
+  call_format: str = 'chatml'
+  max_turns: int = 30
+  observation_chars: int = 6000
+  # Small files: the work area is diffed at the end, and a huge edited file would stall that.
+  run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, fsize_mb=8, output_kb=32)
+  python: str = sys.executable
+
+  def validate(self, path: str = 'repo.') -> 'Settings':
+    """Checks the fields (as research/configs.py's from_dict does for a section, by dotted path)."""
+    if self.call_format not in tools.FORMATS:
+      raise ValueError(f'{path}call_format={self.call_format!r}: expected one of '
+                       f'{sorted(tools.FORMATS)}')
+    if self.max_turns < 1 or self.observation_chars < 100:
+      raise ValueError(f'{path}: max_turns={self.max_turns} must be >= 1 and '
+                       f'observation_chars={self.observation_chars} >= 100')
+    return self
+
+
+def tool_list() -> str:
+  return '\n'.join(f'- {tools.signature(n)}: {spec.usage}' for n, spec in tools.TOOLS.items())
+
+
+def task_statement(task: task_lib.Task, tree: Path) -> str:
+  """What is missing and how the work is checked (the docstring when the tree still has it)."""
+  what = {'body': f'The body of `{task.symbol}` in `{task.file}` was deleted (it now raises '
+                  'NotImplementedError).',
+          'function': f'The function `{task.symbol}` was deleted from `{task.file}`.',
+          'feature': f'`{task.symbol}` and the code only it used were deleted from `{task.file}`.'}
+  lines = [what[task.mode]]
+  doc = tools.docstring((tree / task.file).read_text(errors='replace'), task.symbol)
+  if doc:
+    lines.append(f'Its docstring: """{doc}"""')
+  tests = task.fail_to_pass[:5] + (['...'] if len(task.fail_to_pass) > 5 else [])
+  lines += ['Restore it so that these tests pass: ' + ', '.join(tests) + '.',
+            f'The tests run with: {shlex.join(task.test_command)}',
+            'The tests are fixed: change the implementation, not the tests or their configuration.']
+  return '\n'.join(lines)
+
+
+def prompt(task: task_lib.Task, tree: Path, call_format: str) -> list[dict]:
+  example = tools.FORMATS[call_format].render(tools.Call('view', {'path': task.file}))
+  system = ('You fix a Python repository with these tools, one tool call per message:\n'
+            f'{tool_list()}\nPaths are relative to the repository root. A call looks like:\n{example}')
+  return [{'role': 'system', 'content': system},
+          {'role': 'user', 'content': task_statement(task, tree)}]
+
+
+def is_protected(rel: str, task: task_lib.Task) -> bool:
+  """A path a solution must not change: tests, test configuration, autoloaded or outside code."""
+  return (layout.is_test_path(rel) or layout.is_config_path(rel) or rel in task.protected_paths
+          or PurePosixPath(rel).name in layout.AUTOLOADED
+          or rel.endswith('.py') and not layout.is_editable(rel, task.packages))
+
+
+def run_error(output: str) -> dict | None:
+  """The first ImportError / NameError a command printed (later ones may be summaries, cut short)."""
+  m = _RUN_ERROR.search(output)
+  return {'error_type': m.group(1), 'error': m.group(0)} if m else None
+
+
+_FILE_TOOLS = {'view': tools.view, 'search': tools.search, 'str_replace': tools.str_replace,
+               'insert': tools.insert, 'create': tools.create}
+
+
+class Episode:
+  """One task in a private work area; thread-safe across episodes (nothing shared but the pool)."""
+
+  def __init__(self, task: task_lib.Task, pristine: Path, pool: pool_lib.GraderPool,
+               settings: Settings, uid: int):
+    self.task, self.pristine, self.pool, self.s, self.uid = task, pristine, pool, settings, uid
+    self.root = Path(tempfile.mkdtemp(prefix='repo-episode-'))
+    self.work = self.root / 'repo'
+    layout.copy_tree(pristine, self.work)
+    self.prompt = prompt(task, self.work, settings.call_format)
+    self.stats = EpisodeStats()
+    self.failures: collections.Counter[str] = collections.Counter()
+    self.final: Step | None = None
+
+  def step(self, message: str) -> Step:
+    return self._timed(self._step, message)
+
+  def close(self, reason: str) -> Step:
+    return self._timed(self._finish, reason)
+
+  def _timed(self, fn, arg) -> Step:
+    t0 = time.perf_counter()
+    try:
+      out = fn(arg)
+    except BaseException as e:
+      self.stats.fault |= isinstance(e, EnvFault)
+      self._remove()
+      raise
+    finally:
+      self.stats.env_seconds += time.perf_counter() - t0
+    if out.done:
+      out.info['episode'] = dataclasses.asdict(self.stats)
+    return out
+
+  def _remove(self) -> None:
+    shutil.rmtree(self.root, ignore_errors=True)
+
+  def _step(self, message: str) -> Step:
+    if self.final is not None:
+      raise RuntimeError('repo env: step() after the episode ended')
+    self.stats.turns += 1
+    info = {'message': message, 'tools': ', '.join(map(tools.signature, tools.TOOLS)),
+            'syntax': tools.FORMATS[self.s.call_format].render(tools.Call('NAME', {'ARG': 'VALUE'}))}
+    try:
+      call = tools.FORMATS[self.s.call_format].parse(message)
+      tools.check(call)
+    except tools.CallError as e:
+      self.stats.bad_calls += 1
+      info.update(kind='bad_call', call_error=e.kind, detail=str(e))
+      obs = f'error: {e}'
+    else:
+      self.stats.tool_calls[call.name] = self.stats.tool_calls.get(call.name, 0) + 1
+      info.update(kind='call', tool=call.name)
+      if call.name == 'submit':
+        return self._finish('submit', info)
+      obs = self._dispatch(call, info)
+    if self.stats.turns >= self.s.max_turns:
+      return self._finish('turns', info)
+    return Step(tools.cap(obs, self.s.observation_chars), False, 0.0, False, info)
+
+  def _dispatch(self, call: tools.Call, info: dict) -> str:
+    args = call.arguments
+    if call.name == 'run':
+      return self._run(args['command'], info)
+    try:
+      obs = _FILE_TOOLS[call.name](self.work, **args)
+    except tools.Missing as e:
+      info.update(missing=e.path, nearest=e.nearest)
+      return f'error: {e}'
+    except (tools.ToolError, OSError) as e:  # OSError: e.g. a file where a directory should be.
+      info['tool_error'] = str(e)
+      return f'error: {e}'
+    if call.name in tools.EDITS:
+      obs += self._after_edit(str(PurePosixPath(args['path'])), info)
+    return obs
+
+  def _after_edit(self, rel: str, info: dict) -> str:
+    """Records the edit for critics; a syntax error is also shown, as an editor's linter would."""
+    self.stats.last_edit = self.stats.turns
+    info.update(edited=rel, protected=is_protected(rel, self.task))
+    if not rel.endswith('.py'):
+      return ''
+    err = tools.syntax_error((self.work / rel).read_text(errors='replace'))
+    if err is None:
+      return ''
+    info['syntax_error'] = {'path': rel, 'line': err[0], 'message': err[1]}
+    return f'\nwarning: {rel} no longer parses: line {err[0]}: {err[1]}'
+
+  def _run(self, command: str, info: dict) -> str:
+    """The command in the sandbox: the work area writable, the interpreter and site dirs read-only."""
+    if not tools.is_text(command):
+      info['tool_error'] = 'the command must be UTF-8 text without NUL bytes'
+      return f'error: {info["tool_error"]}'
+    marker = f'run started {secrets.token_hex(8)}'
+    py_path = [str(self.work / p) if p else str(self.work) for p in self.task.python_path]
+    env = {'PATH': f'{Path(self.s.python).parent}:/usr/bin:/bin', 'HOME': '/tmp', 'TMPDIR': '/tmp',
+           'LANG': 'C.UTF-8', 'PYTHONDONTWRITEBYTECODE': '1',
+           'PYTHONPATH': ':'.join(py_path + list(self.task.site_dirs))}
+    # The marker, printed first, tells a command that ran from a sandbox that failed to start
+    # (which would mask the episode: a way around the reward if the command could fake it).
+    argv = ['/bin/sh', '-c', 'printf "%s\\n" "$0"; exec /bin/bash -c "$1"', marker, command]
+    done = sandbox.run(argv, cwd=self.work, rw=[self.work], env=env, limits=self.s.run_limits,
+                       ro=[*sandbox.python_roots(self.s.python), *self.task.site_dirs], uid=self.uid)
+    if not done.output.startswith(marker + '\n'):
+      raise EnvFault(f'sandbox did not start the command (exit {done.returncode}): '
+                     f'{(done.sandbox_error or done.output)[:300]}')
+    output = done.output[len(marker) + 1:]
+    pytest = bool(_PYTEST.search(command))
+    if pytest:
+      self.stats.last_test = self.stats.turns
+    info.update(command=command, returncode=done.returncode, timed_out=done.timed_out, pytest=pytest)
+    if done.returncode != 0:
+      self.failures[command] += 1
+      info['failed_times'] = self.failures[command]
+    if err := run_error(output):
+      info['run_error'] = err
+    status = f'exit code {done.returncode}' + (
+        f' (killed at the time limit of {self.s.run_limits.wall_s:g}s)' if done.timed_out else '')
+    return f'{status}\n{output}'
+
+  def _finish(self, reason: str, info: dict | None = None) -> Step:
+    """Grades the work area's diff; the same final Step for every later close."""
+    if self.final is not None:
+      return self.final
+    st = self.stats
+    st.ended_by = reason
+    st.tests_run_before_submit = st.last_test > st.last_edit
+    info = {**(info or {'kind': 'closed'}), 'reason': reason}
+    if reason == 'submit':
+      info['tested'] = st.tests_run_before_submit
+    diff = patch_lib.diff_trees(self.pristine, self.work)
+    self._remove()
+    if diff:
+      grade = self.pool.grade([pool_lib.Job(self.task, self.pristine, diff)])[0]
+    else:
+      grade = grading.Grade(0.0, 'no changes')
+    st.grade_reason = grade.reason
+    if grade.fault:
+      raise EnvFault(f'grader: {grade.reason}')
+    st.hacked = bool(grade.tamper)
+    reward = 0.0 if st.hacked else float(grade.reward)
+    info.update(hack=st.hacked, grade=grade.reason, tamper=list(grade.tamper))
+    self.final = Step(None, True, reward, reward == 1.0, info)
+    return self.final
+
+
+class RepoEnv:
+  """Tasks from a task file (tasks.jsonl or tasks.array_record) written by launch.make_tasks."""
+  name = 'repo'
+
+  def __init__(self, task_file: str | Path, pool: pool_lib.GraderPool | None = None,
+               settings: Settings = Settings(), ids: list[str] | None = None):
+    self.task_dir = Path(task_file).parent
+    tasks = task_lib.read(Path(task_file))
+    unknown = sorted(set(ids or ()) - {t.id for t in tasks})
+    if unknown:
+      raise ValueError(f'repo env: task ids {unknown} are not in {task_file}')
+    self.tasks = [t for t in tasks if ids is None or t.id in ids]
+    if not self.tasks:
+      raise ValueError(f'repo env: no tasks in {task_file}')
+    self.pool = pool or pool_lib.GraderPool()
+    self.settings = settings.validate()
+    self._slots = itertools.count()
+    self._lock = threading.Lock()
+
+  def sample_task(self, rng: np.random.Generator) -> task_lib.Task:
+    return self.tasks[int(rng.integers(len(self.tasks)))]
+
+  def reset(self, task: task_lib.Task) -> Episode:
+    with self._lock:
+      slot = _RUN_SLOTS[next(self._slots) % len(_RUN_SLOTS)]
+    return Episode(task, self.task_dir / task.tree, self.pool, self.settings, sandbox.uid_for(slot))

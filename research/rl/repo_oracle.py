@@ -1,0 +1,77 @@
+"""The oracle policy for the repository environment: the task's solution, delivered through tools.
+
+It views the file, restores the deleted code hunk by hunk (str_replace, with as much of the file
+around the hunk as makes the text unique; insert into an empty file), runs the tests and submits.
+It reads the task's solution record, so only tests, demonstrations and checks use it, never the
+environment.
+"""
+
+import dataclasses
+from pathlib import Path
+import re
+import shlex
+
+from research.rl.repo_tools import Call, matches
+from research.tasks import patch as patch_lib
+from research.tasks import task as task_lib
+
+_HUNK = re.compile(r'^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@')
+
+
+@dataclasses.dataclass(frozen=True)
+class Hunk:
+  old_start: int                    # 1-based first line of `old` in the file (0 when `old` is empty).
+  old: list[str]                    # Context and removed lines, in order.
+  new: list[str]                    # Context and added lines, in order.
+
+
+def hunks(section: str) -> list[Hunk]:
+  """The hunks of one file's section of a unified diff."""
+  out = []
+  for line in section.splitlines(keepends=True):
+    if m := _HUNK.match(line):
+      out.append(Hunk(int(m.group(1)), [], []))
+    elif out and line[:1] in (' ', '-', '+'):
+      if line[0] != '+':
+        out[-1].old.append(line[1:])
+      if line[0] != '-':
+        out[-1].new.append(line[1:])
+  return out
+
+
+def _edit(path: str, lines: list[str], h: Hunk) -> tuple[Call, list[str]]:
+  """The call that applies one hunk to the file's lines, and the lines after it.
+
+  A str_replace of the hunk's old lines, widened by lines of the file around them until the text
+  is unique; an insert at the top of an empty file.
+  """
+  i = max(h.old_start - 1, 0)
+  j = i + len(h.old)
+  if lines[i:j] != h.old:
+    raise ValueError(f'oracle: a hunk of {path} does not match the file at line {h.old_start}')
+  if not lines:
+    return Call('insert', {'path': path, 'line': 0, 'text': ''.join(h.new)}), list(h.new)
+  text = ''.join(lines)
+  k = 0
+  while matches(text, ''.join(lines[max(i - k, 0):j + k])) != 1:
+    k += 1
+  a, b = max(i - k, 0), j + k
+  new = lines[a:i] + h.new + lines[j:b]
+  call = Call('str_replace', {'path': path, 'old': ''.join(lines[a:b]), 'new': ''.join(new)})
+  return call, lines[:a] + new + lines[b:]
+
+
+def calls(task: task_lib.Task, solution: task_lib.Solution, tree: Path) -> list[Call]:
+  """The oracle's tool calls for a task whose pristine tree is `tree`."""
+  out = [Call('view', {'path': task.file})]
+  for section in patch_lib.parse(solution.patch):
+    if section.old_path is None:
+      out.append(Call('create', {'path': section.new_path,
+                                 'text': ''.join(''.join(h.new) for h in hunks(section.text))}))
+      continue
+    lines = (tree / section.old_path).read_text().splitlines(keepends=True)
+    # Bottom up: the lines above a hunk keep their numbers while the ones below change.
+    for h in reversed(hunks(section.text)):
+      call, lines = _edit(section.old_path, lines, h)
+      out.append(call)
+  return out + [Call('run', {'command': shlex.join(task.test_command)}), Call('submit', {})]

@@ -1,0 +1,332 @@
+"""The repository environment's tools: call syntax, paths kept inside the work area, edits.
+
+Tools are named and shaped after the editor-plus-shell interfaces public coding models are trained
+on (SWE-agent / OpenHands: view, str_replace, insert, create, a shell, submit). A call is parsed
+from the model's message in the tool-call syntax of its chat format (`FORMATS`: ChatML's
+`<tool_call>{json}</tool_call>` as Qwen writes it, Kimi's section tokens). Bad input raises
+`CallError` (the call itself) or `ToolError` (what it asked for), whose text is the observation.
+The shell tool lives in env_repo.py: it needs the sandbox.
+"""
+
+import ast
+import dataclasses
+import difflib
+import json
+import os
+from pathlib import Path, PurePosixPath
+import re
+from typing import Callable
+
+from research.tasks import layout
+
+
+class CallError(ValueError):
+  """A message that is not one valid tool call; `kind` is malformed, unknown_tool or bad_arguments."""
+
+  def __init__(self, kind: str, detail: str):
+    super().__init__(detail)
+    self.kind = kind
+
+
+class ToolError(ValueError):
+  """A valid call the tool refuses (no such text, a path outside the work area, ...)."""
+
+
+class Missing(ToolError):
+  """A path that does not exist; `nearest` is the closest one that does."""
+
+  def __init__(self, path: str, nearest: str):
+    super().__init__(f'{path} does not exist; the nearest existing path is {nearest}')
+    self.path, self.nearest = path, nearest
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  name: str
+  arguments: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSpec:
+  params: tuple[tuple[str, type], ...]   # (name, type) in call order.
+  optional: frozenset[str]
+  usage: str
+
+
+TOOLS = {
+    'view': ToolSpec((('path', str), ('start', int), ('end', int)), frozenset({'start', 'end'}),
+                     "a file's numbered lines (start..end, 1-based, inclusive; end -1: to the end) "
+                     "or a directory's files"),
+    'search': ToolSpec((('pattern', str), ('path', str)), frozenset({'path'}),
+                       'lines matching a Python regular expression, as path:line: text'),
+    'str_replace': ToolSpec((('path', str), ('old', str), ('new', str)), frozenset(),
+                            'replaces the only occurrence of old (exact text, several lines '
+                            'allowed) in the file with new'),
+    'insert': ToolSpec((('path', str), ('line', int), ('text', str)), frozenset(),
+                       'inserts text after line `line` of the file (0: at the top)'),
+    'create': ToolSpec((('path', str), ('text', str)), frozenset(), 'creates a new file'),
+    'run': ToolSpec((('command', str),), frozenset(),
+                    'runs a shell command in the repository root, e.g. python -m pytest -q'),
+    'submit': ToolSpec((), frozenset(), 'ends the episode; the changes are graded by the tests'),
+}
+EDITS = ('str_replace', 'insert', 'create')
+
+
+def signature(name: str) -> str:
+  spec = TOOLS[name]
+  return f'{name}(' + ', '.join(p + '?' * (p in spec.optional) for p, _ in spec.params) + ')'
+
+
+def check(call: Call) -> None:
+  """Raises CallError unless the call names a tool and gives it the arguments it takes."""
+  if call.name not in TOOLS:
+    raise CallError('unknown_tool', f'unknown tool {call.name!r}; tools are {", ".join(TOOLS)}')
+  spec = TOOLS[call.name]
+  types = dict(spec.params)
+  extra = sorted(set(call.arguments) - set(types))
+  missing = [p for p in types if p not in call.arguments and p not in spec.optional]
+  if extra or missing:
+    raise CallError('bad_arguments', f'{signature(call.name)}: unexpected {extra}, missing {missing}')
+  for p, value in call.arguments.items():
+    if type(value) is not types[p]:  # bool is not an int here.
+      raise CallError('bad_arguments',
+                      f'{signature(call.name)}: {p} must be a {types[p].__name__}, got {value!r:.40}')
+
+
+def _decode(name: str, arguments: str) -> Call:
+  try:
+    args = json.loads(arguments) if arguments.strip() else {}
+  except json.JSONDecodeError as e:
+    raise CallError('malformed', f'the arguments are not valid JSON ({e})') from None
+  if not isinstance(args, dict):
+    raise CallError('malformed', 'the arguments must be a JSON object')
+  return Call(name, args)
+
+
+_CHATML = re.compile(r'<tool_call>(.*?)</tool_call>', re.S)
+
+
+def parse_chatml(message: str) -> Call:
+  """One `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen's chat templates)."""
+  blocks = _CHATML.findall(message)
+  if len(blocks) != 1:
+    raise CallError('malformed', f'found {len(blocks)} <tool_call> blocks; write exactly one')
+  try:
+    obj = json.loads(blocks[0])
+  except json.JSONDecodeError as e:
+    raise CallError('malformed', f'the tool call is not valid JSON ({e})') from None
+  if not (isinstance(obj, dict) and isinstance(obj.get('name'), str)
+          and set(obj) <= {'name', 'arguments'}):
+    raise CallError('malformed', 'a tool call is {"name": "...", "arguments": {...}}')
+  return _decode(obj['name'], json.dumps(obj.get('arguments', {})))
+
+
+def render_chatml(call: Call) -> str:
+  body = json.dumps({'name': call.name, 'arguments': call.arguments})
+  return f'<tool_call>\n{body}\n</tool_call>'
+
+
+_KIMI = re.compile(r'<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+)(?::\d+)?\s*'
+                   r'<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>', re.S)
+
+
+def parse_kimi(message: str) -> Call:
+  """One call in Kimi's section: <|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{..}."""
+  calls = _KIMI.findall(message)
+  if len(calls) != 1:
+    raise CallError('malformed', f'found {len(calls)} tool calls; write exactly one')
+  return _decode(*calls[0])
+
+
+def render_kimi(call: Call) -> str:
+  return ('<|tool_calls_section_begin|><|tool_call_begin|>functions.' + call.name
+          + ':0<|tool_call_argument_begin|>' + json.dumps(call.arguments)
+          + '<|tool_call_end|><|tool_calls_section_end|>')
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  parse: Callable[[str], Call]
+  render: Callable[[Call], str]
+
+
+FORMATS = {'chatml': Format(parse_chatml, render_chatml), 'kimi': Format(parse_kimi, render_kimi)}
+
+
+def cap(text: str, limit: int) -> str:
+  """Keeps the head and tail of an observation, with a visible marker of what was cut."""
+  if len(text) <= limit:
+    return text
+  half = limit // 2
+  return f'{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[len(text) - half:]}'
+
+
+def nearest(root: Path, rel: str) -> str:
+  """The existing path closest to `rel`: same file name, else most similar, else an ancestor."""
+  files = list(layout.iter_files(root))
+  paths = files + sorted({str(PurePosixPath(f).parent) for f in files} - {'.'})
+  name = PurePosixPath(rel).name
+  same = [p for p in paths if PurePosixPath(p).name == name]
+  close = same or difflib.get_close_matches(rel, paths, n=1, cutoff=0.6)
+  if close:
+    return close[0]
+  for parent in PurePosixPath(rel).parents:
+    if (root / parent).is_dir():
+      return str(parent)
+  return '.'
+
+
+def resolve(root: Path, rel: str, must_exist: bool = True) -> Path:
+  """`rel` inside the work area; refuses absolute paths, `..` and links that lead outside."""
+  p = PurePosixPath(rel)
+  if not rel.strip():
+    raise ToolError('give a path relative to the repository root')
+  if not is_text(rel):
+    raise ToolError('a path must be UTF-8 text without NUL bytes')
+  if p.is_absolute():
+    raise ToolError(f'{rel}: absolute paths are refused; give a path relative to the repository root')
+  if '..' in p.parts:
+    raise ToolError(f'{rel}: ".." is refused; paths stay inside the repository')
+  full = root.joinpath(*p.parts)
+  base = os.path.realpath(root)
+  real = os.path.realpath(full)
+  if real != base and not real.startswith(base + os.sep):
+    raise ToolError(f'{rel}: a link that leads outside the repository is refused')
+  if must_exist and not os.path.lexists(full):
+    raise Missing(str(p), nearest(root, str(p)))
+  return full
+
+
+def is_text(s: str) -> bool:
+  """Whether a string can reach the file system (no NUL, no lone surrogates)."""
+  try:
+    s.encode()
+  except UnicodeEncodeError:
+    return False
+  return '\0' not in s
+
+
+def _write(path: Path, text: str) -> None:
+  if not is_text(text):
+    raise ToolError('the text must be UTF-8 without NUL bytes')
+  path.write_text(text)
+
+
+def _read(path: Path, rel: str) -> str:
+  if not path.is_file():
+    raise ToolError(f'{rel} is not a file')
+  return path.read_text(errors='replace')
+
+
+def _numbered(lines: list[str], first: int) -> str:
+  return ''.join(f'{first + k:6d}\t{line}' if line.endswith('\n') else f'{first + k:6d}\t{line}\n'
+                 for k, line in enumerate(lines))
+
+
+def view(root: Path, path: str, start: int = 1, end: int = -1) -> str:
+  full = resolve(root, path)
+  if full.is_dir():
+    files = list(layout.iter_files(full))
+    return f'{path}/ holds {len(files)} files:\n' + ''.join(f'{f}\n' for f in files)
+  lines = _read(full, path).splitlines(keepends=True)
+  last = len(lines) if end == -1 else end
+  if not 1 <= start <= max(last, 1) or last > len(lines):
+    raise ToolError(f'{path} has {len(lines)} lines; lines {start}..{end} are out of range')
+  return _numbered(lines[start - 1:last], start)
+
+
+def search(root: Path, pattern: str, path: str = '.', max_matches: int = 100) -> str:
+  try:
+    regex = re.compile(pattern)
+  except re.error as e:
+    raise ToolError(f'bad regular expression {pattern!r}: {e}') from None
+  full = resolve(root, path)
+  if full.is_dir():
+    rels = [PurePosixPath(path, f).as_posix() for f in layout.iter_files(full)]
+  else:
+    rels = [path]
+  hits = []
+  for rel in rels:
+    f = root / rel
+    if f.is_symlink() or not f.is_file():
+      continue
+    for n, line in enumerate(f.read_text(errors='replace').splitlines(), 1):
+      if regex.search(line):
+        hits.append(f'{PurePosixPath(rel)}:{n}: {line}')
+  more = f'\n[{len(hits) - max_matches} more matches]' if len(hits) > max_matches else ''
+  return '\n'.join(hits[:max_matches]) + more if hits else f'no match for {pattern!r} in {path}'
+
+
+def _snippet(text: str, first: int, last: int, context: int = 2) -> str:
+  lines = text.splitlines(keepends=True)
+  lo, hi = max(first - context, 1), min(last + context, len(lines))
+  return _numbered(lines[lo - 1:hi], lo)
+
+
+def matches(text: str, old: str, most: int = 100) -> int:
+  """Where `old` starts in text, overlaps counted (x\\nx\\n is in x\\nx\\nx\\n twice), up to `most`."""
+  n, at = 0, text.find(old) if old else -1
+  while at != -1 and n < most:
+    n, at = n + 1, text.find(old, at + 1)
+  return n
+
+
+def str_replace(root: Path, path: str, old: str, new: str) -> str:
+  full = resolve(root, path)
+  text = _read(full, path)
+  count = matches(text, old)
+  if count != 1:
+    raise ToolError(f'old text found {count} times in {path}; it must match exactly once '
+                    '(copy the lines exactly, whitespace included, and add lines to make it unique)')
+  at = text.index(old)
+  text = text[:at] + new + text[at + len(old):]
+  _write(full, text)
+  first = text.count('\n', 0, at) + 1
+  return f'Edited {path}:\n' + _snippet(text, first, first + new.count('\n'))
+
+
+def insert(root: Path, path: str, line: int, text: str) -> str:
+  full = resolve(root, path)
+  lines = _read(full, path).splitlines(keepends=True)
+  if not 0 <= line <= len(lines):
+    raise ToolError(f'{path} has {len(lines)} lines; line must be in 0..{len(lines)}')
+  if lines and not lines[-1].endswith('\n'):
+    lines[-1] += '\n'
+  new = text if text.endswith('\n') else text + '\n'
+  out = ''.join(lines[:line]) + new + ''.join(lines[line:])
+  _write(full, out)
+  return f'Edited {path}:\n' + _snippet(out, line + 1, line + new.count('\n'))
+
+
+def create(root: Path, path: str, text: str) -> str:
+  full = resolve(root, path, must_exist=False)
+  if os.path.lexists(full):
+    raise ToolError(f'{path} exists; change it with str_replace or insert')
+  if not is_text(text):
+    raise ToolError('the text must be UTF-8 without NUL bytes')
+  full.parent.mkdir(parents=True, exist_ok=True)
+  full.write_text(text)
+  return f'Created {path} ({len(text.splitlines())} lines).'
+
+
+def syntax_error(source: str) -> tuple[int, str] | None:
+  """(line, message) of the first syntax error in Python source, None when it parses."""
+  try:
+    ast.parse(source)
+  except SyntaxError as e:
+    return e.lineno or 0, e.msg
+  return None
+
+
+def docstring(source: str, qualname: str) -> str | None:
+  """The docstring of a function or method (`Class.method`) in source, if it has one."""
+  try:
+    scope = ast.parse(source)
+  except SyntaxError:
+    return None
+  for part in qualname.split('.'):
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    scope = next((n for n in scope.body if isinstance(n, kinds) and n.name == part), None)
+    if scope is None:
+      return None
+  return ast.get_docstring(scope)

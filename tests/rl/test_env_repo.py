@@ -1,0 +1,356 @@
+"""The repository environment on the fixture tasks.
+
+An oracle delivering each task's solution through the tools gets reward 1 on every task; attacks
+delivered through the tools get 0 and are flagged as hacks; malformed and random calls, floods and
+path escapes are contained; the turn limit and close() grade; a grader fault raises; each coding
+critic fires on its trigger and none on the oracle's trajectories; the sampler drives episodes.
+"""
+from concurrent import futures
+import dataclasses
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from research.model import transformer
+from research.model.config import ModelConfig
+from research.rl import critics, env_repo, repo_oracle
+from research.rl import repo_tools as tools
+from research.rl.sampler import Sampler, SamplerConfig
+from research.rl.trajectory import Trajectory
+from research.tasks import grading
+from research.tasks import patch as patch_lib
+from research.tasks import pool as pool_lib
+from research.tasks import task as task_lib
+from research.tokenizer.base import ByteTokenizer
+
+CHATML = tools.FORMATS['chatml']
+SLUG = 'textops.core.slugify.body'
+STUB = '  raise NotImplementedError\n'
+REPO_RULES = ['tool_call', 'protected_edit', 'syntax_error', 'run_import_error', 'run_name_error',
+              'untested_submit', 'repeated_failure', 'missing_path']
+PYTEST = 'python -m pytest -q -p no:cacheprovider tests/test_core.py'
+
+
+def call(name, **args) -> str:
+  return CHATML.render(tools.Call(name, args))
+
+
+@pytest.fixture(scope='module')
+def env(repo_task_dir):
+  return env_repo.RepoEnv(repo_task_dir / 'tasks.jsonl', pool_lib.GraderPool(2))
+
+
+def slug(env):
+  return next(t for t in env.tasks if t.id == SLUG)
+
+
+def oracle_messages(task, task_dir: Path) -> list[str]:
+  solution = task_lib.read_solutions(task_dir)[task.id]
+  return [CHATML.render(c) for c in repo_oracle.calls(task, solution, task_dir / task.tree)]
+
+
+def play(episode, messages) -> Trajectory:
+  """Steps the episode through the messages until it ends, recording what a sampler would."""
+  t = Trajectory.from_prompt([0], prompt=episode.prompt)
+  for m in messages:
+    msg = t.add_model([1], [0.0], m)
+    step = episode.step(m)
+    msg.info = step.info
+    if step.done:
+      t.reward, t.success, t.done = step.reward, step.success, True
+      break
+    t.add_observation([2], step.observation)
+  return t
+
+
+def test_oracle_solves_every_task_in_parallel(env, repo_task_dir):
+  def solve(task):
+    ep = env.reset(task)
+    return ep, play(ep, oracle_messages(task, repo_task_dir))
+
+  assert {t.mode for t in env.tasks} == {'body', 'function', 'feature'}
+  with futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(solve, env.tasks))
+  for (ep, t), task in zip(results, env.tasks):
+    final = t.messages[-1].info
+    assert (t.reward, t.success, final['hack'], final['tested']) == (1.0, True, False, True), (
+        task.id, final['grade'])
+    stats = final['episode']
+    assert stats['tests_run_before_submit'] and stats['ended_by'] == 'submit'
+    assert [stats['tool_calls'][n] for n in ('view', 'run', 'submit')] == [1, 1, 1]
+    assert stats['bad_calls'] == 0 and stats['env_seconds'] > 0
+    assert not ep.root.exists()  # The work area is gone.
+    assert critics.Critic(list(critics.REGISTRY))(t) == []
+
+
+def test_prompt_states_the_task(env):
+  task = slug(env)
+  ep = env.reset(task)
+  system, user = ep.prompt
+  assert all(f'- {tools.signature(n)}' in system['content'] for n in tools.TOOLS)
+  assert '<tool_call>' in system['content']
+  assert f'The body of `slugify` in `{task.file}` was deleted' in user['content']
+  assert "Its docstring: \"\"\"Turns text into a URL slug: 'Hello, World!' -> 'hello-world'.\"\"\"" in user['content']
+  assert task.fail_to_pass[0] in user['content']
+  ep.close('context')
+
+
+_HOOK = ('import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n'
+         '  out = yield\n  out.get_result().outcome = "passed"\n')
+ATTACKS = {
+    'edit_test': [call('str_replace', path='tests/test_core.py', old='def test_slugify(text, expected):\n',
+                       new='def test_slugify(text, expected):\n  return\n')],
+    'conftest_by_create': [call('create', path='textops/conftest.py', text=_HOOK)],
+    'conftest_by_shell': [call('run', command=f"cat > conftest.py <<'EOF'\n{_HOOK}EOF\n")],
+    'forge_output': [call('str_replace', path='textops/core.py', old=STUB,
+                          new="  import os\n  print('tests/test_core.py::test_slugify PASSED')\n  os._exit(0)\n")],
+    'exit_early': [call('str_replace', path='textops/core.py', old=STUB, new='  import sys\n  sys.exit(0)\n')],
+    'exit_at_import': [call('insert', path='textops/core.py', line=1, text='import sys\nsys.exit(0)\n')],
+}
+
+
+@pytest.mark.parametrize('name', ATTACKS)
+def test_attacks_through_tools_get_nothing(env, name):
+  t = play(env.reset(slug(env)), ATTACKS[name] + [call('submit')])
+  final = t.messages[-1].info
+  assert t.done and t.reward == 0.0 and not t.success
+  assert final['hack'] and final['episode']['hacked'], final['grade']
+
+
+def test_correct_code_with_a_test_edit_is_a_hack(env, repo_task_dir):
+  task = slug(env)
+  edit = ATTACKS['edit_test'][0]
+  t = play(env.reset(task), [edit] + oracle_messages(task, repo_task_dir))
+  assert t.reward == 0.0 and t.messages[-1].info['hack']
+  fb = critics.Critic(REPO_RULES)(t)
+  assert [(f.message, f.rule) for f in fb] == [(0, 'protected_edit')]
+  assert fb[0].hint == 'The tests are fixed; change the implementation, not tests/test_core.py.'
+
+
+BAD_CALLS = {
+    '': 'malformed', 'I will view the file.': 'malformed',
+    '<tool_call>{"name": "view", "arguments": {"path": }</tool_call>': 'malformed',
+    '<tool_call>[1, 2]</tool_call>': 'malformed',
+    '<tool_call>{"name": "view", "arguments": "core.py"}</tool_call>': 'malformed',
+    call('view', path='a') + call('view', path='b'): 'malformed',
+    call('open', path='textops/core.py'): 'unknown_tool', call('view'): 'bad_arguments',
+    call('view', path='textops/core.py', start='1'): 'bad_arguments',
+    call('insert', path='textops/core.py', line=True, text=''): 'bad_arguments',
+    call('submit', now=True): 'bad_arguments',
+}
+
+
+def test_malformed_and_random_calls_never_crash(env):
+  ep = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', env.pool, env_repo.Settings(max_turns=200),
+                        ids=[SLUG]).reset(slug(env))
+  for message, kind in BAD_CALLS.items():
+    step = ep.step(message)
+    assert not step.done and step.info['call_error'] == kind and step.observation.startswith('error: ')
+  # Odd input the tools refuse: NUL bytes, lone surrogates, a file where a directory should be.
+  for odd in [call('create', path='textops/a\x00b.py', text=''), call('create', path='textops/x.py', text='\ud800'),
+              call('run', command='echo \ud800'), call('run', command='echo a\x00b'),
+              call('create', path='textops/core.py/x.py', text='')]:
+    step = ep.step(odd)
+    assert not step.done and step.observation.startswith('error: ') and 'tool_error' in step.info
+  # A command cannot pass itself off as a sandbox that failed to start (a fault masks the episode).
+  step = ep.step(call('run', command="echo 'bwrap: cannot start'; exit 1"))
+  assert not step.done and step.observation == 'exit code 1\nbwrap: cannot start\n'
+  rng = np.random.default_rng(0)
+  values = ['', '.', 'textops', 'textops/core.py', 'nope.py', '../x', '/etc/passwd', '(', 'true',
+            'def', STUB, 'a\x00b', '\ud800', 'textops/core.py/x.py', 0, -3, 10**9, None, [1], {'a': 1}]
+  names = [n for n in tools.TOOLS if n != 'submit'] + ['bogus']
+  for _ in range(60):
+    name = str(rng.choice(names))
+    params = [p for p, _ in tools.TOOLS[name].params] if name in tools.TOOLS else ['path']
+    args = {p: values[int(rng.integers(len(values)))] for p in params + ['extra'] if rng.random() < 0.8}
+    step = ep.step(call(name, **args))
+    assert not step.done and isinstance(step.observation, str)
+  final = ep.close('turns')
+  assert final.done and final.reward == 0.0 and final.info['episode']['ended_by'] == 'turns'
+  assert final.info['episode']['bad_calls'] >= len(BAD_CALLS)
+
+
+def test_kimi_format_round_trips():
+  c = tools.Call('str_replace', {'path': 'a.py', 'old': 'x = 1\n', 'new': 'x = "<2>"\n'})
+  for fmt in tools.FORMATS.values():
+    assert fmt.parse('thinking first... ' + fmt.render(c)) == c
+  with pytest.raises(tools.CallError, match='found 0 tool calls'):
+    tools.parse_kimi('<tool_call>{"name": "view"}</tool_call>')
+
+
+def test_observations_are_capped(env):
+  ep = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', env.pool, env_repo.Settings(observation_chars=400),
+                        ids=[SLUG]).reset(slug(env))
+  ep.step(call('create', path='textops/big.py', text=''.join(f'x{i} = {i}\n' for i in range(1, 301))))
+  obs = ep.step(call('view', path='textops/big.py')).observation
+  assert obs.startswith('     1\tx1 = 1\n') and obs.endswith('   300\tx300 = 300\n')
+  assert len(obs) < 460 and 'characters cut ...]' in obs
+  obs = ep.step(call('run', command="python -c \"print('y' * 100000)\"")).observation
+  assert obs.startswith('exit code 0\nyyy') and 'characters cut ...]' in obs and len(obs) < 460
+  assert tools.cap('a' * 10 + 'b' * 10, 10) == 'aaaaa\n[... 10 characters cut ...]\nbbbbb'
+  ep.close('context')
+
+
+def test_paths_cannot_escape(env, tmp_path):
+  outside = tmp_path / 'secret.txt'
+  outside.write_text('secret\n')
+  ep = env.reset(slug(env))
+  for m in [call('view', path=str(outside)), call('view', path='../'), call('view', path='/etc/passwd'),
+            call('create', path='textops/../../evil.py', text='x = 1\n')]:
+    obs = ep.step(m).observation
+    assert obs.startswith('error: ') and 'refused' in obs, obs
+  ep.step(call('run', command=f'ln -s {tmp_path} out && ln -s / root && echo x > {tmp_path}/w.txt'))
+  for m in [call('view', path='out/secret.txt'), call('view', path='root/etc/passwd'),
+            call('str_replace', path='out/secret.txt', old='secret', new='leak'),
+            call('create', path='out/new.py', text='x = 1\n'), call('search', pattern='secret', path='out')]:
+    assert 'a link that leads outside the repository is refused' in ep.step(m).observation
+  assert outside.read_text() == 'secret\n' and sorted(os.listdir(tmp_path)) == ['secret.txt']
+  ep.close('context')
+
+
+def test_turn_limit_and_close_grade_the_work(env, repo_task_dir):
+  task = slug(env)
+  limited = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', env.pool, env_repo.Settings(max_turns=3),
+                             ids=[SLUG])
+  ep = limited.reset(task)
+  t = play(ep, oracle_messages(task, repo_task_dir))   # view, edit, run: the limit ends it.
+  final = t.messages[-1].info
+  assert len(t.messages) == 3 and t.reward == 1.0 and final['reason'] == 'turns'
+  assert ep.close('context') is ep.final
+  with pytest.raises(RuntimeError, match='after the episode ended'):
+    ep.step(call('submit'))
+  ep = env.reset(task)
+  step = ep.close('context')
+  assert step.reward == 0.0 and step.info['episode']['ended_by'] == 'context' and not ep.root.exists()
+
+
+class _BrokenPool:
+  def grade(self, jobs):
+    return [grading.Grade(None, 'harness error: boom') for _ in jobs]
+
+
+def test_grader_fault_raises(env):
+  ep = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', _BrokenPool(), ids=[SLUG]).reset(slug(env))
+  ep.step(call('str_replace', path='textops/core.py', old=STUB, new='  return text\n'))
+  with pytest.raises(env_repo.EnvFault, match='boom'):
+    ep.step(call('submit'))
+  assert ep.stats.fault and not ep.root.exists()
+
+
+def test_each_critic_fires_on_its_trigger(env):
+  messages = [
+      'Let me look at the code first.',                                             # 0 malformed
+      call('view', path='textops/cor.py'),                                          # 1 missing
+      call('insert', path='tests/test_core.py', line=0, text='# note'),             # 2 a test
+      call('str_replace', path='textops/core.py', old=STUB, new='  return (\n'),    # 3 syntax
+      call('str_replace', path='textops/core.py', old='  return (\n',
+           new='  return _squash(_fold(txt), sep)\n'),                              # 4 NameError
+      call('run', command=PYTEST), call('run', command=PYTEST),
+      call('run', command=PYTEST),                                                  # 7 third failure
+      call('insert', path='textops/core.py', line=1, text='import textops.nothere'),  # 8 ImportError
+      call('run', command='python -c "import textops.core"'),
+      call('run', command='python -c "import nosuchmodule"'),                      # 10 its own error
+      call('submit'),                                                               # 11 untested
+  ]
+  t = play(env.reset(slug(env)), messages)
+  assert t.done and len(t.messages) == len(messages)
+  assert t.messages[3].info['syntax_error']['path'] == 'textops/core.py'
+  assert t.messages[5].info['run_error']['error_type'] == 'NameError'
+  assert t.messages[9].info['run_error']['error_type'] == 'ModuleNotFoundError'
+  fb = critics.Critic(REPO_RULES)(t)
+  assert [(f.message, f.rule) for f in fb] == [
+      (0, 'tool_call'), (1, 'missing_path'), (2, 'protected_edit'), (3, 'syntax_error'),
+      (4, 'run_name_error'), (7, 'repeated_failure'), (8, 'run_import_error'), (10, 'run_import_error'),
+      (11, 'untested_submit')]
+  hints = {f.rule: f.hint for f in fb}
+  assert '<tool_call>' in hints['tool_call'] and 'str_replace(path, old, new)' in hints['tool_call']
+  assert hints['missing_path'] == 'textops/cor.py does not exist; the nearest existing path is textops/core.py.'
+  assert hints['syntax_error'].startswith('This edit leaves textops/core.py with a syntax error at line 26: ')
+  assert hints['run_name_error'] == "Check the names used here: 'txt' is not defined."
+  assert hints['run_import_error'] == 'Check the import statement here.'
+  assert hints['repeated_failure'].startswith(f'{PYTEST!r} has failed 3 times')
+  assert hints['untested_submit'] == 'Run the tests after your last edit before you submit.'
+
+
+def test_array_record_tasks_and_settings(env, tmp_path):
+  task_lib.write(tmp_path, env.tasks, [], fmt='arrayrecord')
+  (tmp_path / 'trees').symlink_to(env.task_dir / 'trees')
+  other = env_repo.RepoEnv(tmp_path / 'tasks.array_record', env.pool)
+  assert other.tasks == env.tasks
+  with pytest.raises(ValueError, match="task ids \\['nope'\\]"):
+    env_repo.RepoEnv(tmp_path / 'tasks.array_record', env.pool, ids=['nope'])
+  with pytest.raises(ValueError, match="repo.call_format='xml': expected one of"):
+    env_repo.RepoEnv(tmp_path / 'tasks.array_record', env.pool, env_repo.Settings(call_format='xml'))
+
+
+def test_episodes_of_one_task_are_independent(env):
+  a, b = env.reset(slug(env)), env.reset(slug(env))
+  assert a.root != b.root and a.uid != b.uid
+  a.step(call('str_replace', path='textops/core.py', old=STUB, new='  return text\n'))
+  assert 'raise NotImplementedError' in b.step(call('search', pattern='NotImplemented')).observation
+  assert b.close('context').info['grade'] == 'no changes'
+  final = a.close('context')
+  assert final.reward == 0.0 and 'required tests not passed' in final.info['grade']
+
+
+def test_metrics_over_a_batch():
+  stats = [env_repo.EpisodeStats(turns=4, tool_calls={'view': 2, 'submit': 1}, env_seconds=1.5,
+                                 tests_run_before_submit=True),
+           env_repo.EpisodeStats(turns=2, tool_calls={'run': 1}, bad_calls=1, hacked=True,
+                                 env_seconds=0.5),
+           env_repo.EpisodeStats(turns=0, fault=True)]
+  m = env_repo.metrics(stats)
+  assert m['hack_rate'] == m['fault_rate'] == m['tests_run_before_submit'] == pytest.approx(1 / 3)
+  assert (m['env_seconds'], m['turns'], m['bad_calls']) == (2.0, 2.0, pytest.approx(1 / 3))
+  assert m['tool_calls/view'] == pytest.approx(2 / 3) and m['tool_calls/run'] == pytest.approx(1 / 3)
+  assert m['tool_calls/create'] == 0.0
+
+
+def test_oracle_edits_rebuild_the_original(env, tmp_path):
+  """Hunks in repetitive code widen their context until it is unique; an empty file gets an insert."""
+  original = ('x = 1\n' * 4 + 'new = 1\n' + 'x = 1\n' * 8 + 'new = 2\n' + 'x = 1\n' * 8
+              + 'def f():\n  return 3\n')
+  files = {'pkg/m.py': (original.replace('new = 1\n', '').replace('new = 2\n', '').replace(
+      '  return 3\n', STUB), original), 'pkg/empty.py': ('', 'y = 2\n')}
+  for rel, texts in files.items():
+    for name, text in zip(('deleted', 'original'), texts):
+      (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+      (tmp_path / name / rel).write_text(text)
+  patch = patch_lib.diff_trees(tmp_path / 'deleted', tmp_path / 'original')
+  task = dataclasses.replace(slug(env), file='pkg/m.py')
+  calls = repo_oracle.calls(task, task_lib.Solution(task.id, patch, '', []), tmp_path / 'deleted')
+  assert {c.name for c in calls[1:-2]} == {'str_replace', 'insert'}
+  for c in calls:
+    if c.name in tools.EDITS:
+      getattr(tools, c.name)(tmp_path / 'deleted', **c.arguments)
+  for rel, (_, text) in files.items():
+    assert (tmp_path / 'deleted' / rel).read_text() == text
+
+
+def test_str_replace_needs_exactly_one_match(tmp_path):
+  (tmp_path / 'a.py').write_text('x\nx\nx\ny\n')
+  for old, n in (('x\nx\n', 2), ('z', 0), ('', 0)):   # Overlapping matches count.
+    with pytest.raises(tools.ToolError, match=f'found {n} times'):
+      tools.str_replace(tmp_path, 'a.py', old, 'w\n')
+  assert tools.str_replace(tmp_path, 'a.py', 'x\ny', 'w') == 'Edited a.py:\n     1\tx\n     2\tx\n     3\tw\n'
+  assert (tmp_path / 'a.py').read_text() == 'x\nx\nw\n'
+
+
+def test_sampler_rollout_with_a_random_model(env):
+  """The sampler drives repo episodes end to end: an untrained model's babble is bad calls, the
+  turn limit closes (and scores) every episode, nothing faults, every work area is removed."""
+  tok = ByteTokenizer()
+  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                    head_dim=16, d_ff=64, num_experts=4, num_experts_per_tok=2, d_expert=32,
+                    moe_impl='dense')
+  episodes = [env.reset(slug(env)) for _ in range(2)]
+  s = SamplerConfig(max_turn_tokens=8, max_turns=2, max_len=2048, max_obs_tokens=32)
+  trajs, stats = Sampler(cfg, tok, s).rollout(transformer.init(cfg, jax.random.key(0)), episodes,
+                                               jax.random.key(1))
+  assert stats.faults == 0 and all(t.done and t.reward == 0.0 for t in trajs)
+  assert all(m.info['call_error'] == 'malformed' for t in trajs for m in t.messages)
+  assert [e.stats.ended_by for e in episodes] == ['turns', 'turns']
+  assert not any(e.root.exists() for e in episodes)
