@@ -446,7 +446,7 @@ def attack(a: Attack, tasks: dict[str, task_lib.Task], task_dir: Path, info: dic
   diff, output = run_policy(task, task_dir, a.script, info)
   if a.edit:
     diff = a.edit(diff)
-  grade = grading.grade(task, task_dir / task.tree, diff, limits=LIMITS)
+  grade = grading.grade(task, task_dir / task.grading_tree, diff, limits=LIMITS)
   blocked = grade.reward == 0.0 or (grade.fault and a.resource)
   control = None
   if a.control and origin is not None:
@@ -469,7 +469,7 @@ def honest(tasks: dict[str, task_lib.Task], task_dir: Path) -> list[dict]:
   patches.append((t.id + ' (rewrite)', t, diff))
   out = []
   for name, t, diff in patches:
-    g = grading.grade(t, task_dir / t.tree, diff, limits=LIMITS)
+    g = grading.grade(t, task_dir / t.grading_tree, diff, limits=LIMITS)
     out.append({'name': name, 'reward': g.reward, 'reason': g.reason, 'tamper': g.tamper})
   return out
 
