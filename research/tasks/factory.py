@@ -232,6 +232,10 @@ class Settings:
   visible_tests: bool = False  # Keep the task's test files in the policy's tree.
   max_twins: int = 4  # Mutant twins per grading, at most.
 
+  def __post_init__(self):
+    if self.max_twins < 1:
+      raise ValueError(f'max_twins must be at least 1, got {self.max_twins}')
+
 
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
@@ -409,7 +413,10 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
     raise Rejected('no_twin', 'no assert or pytest.raises block of a required test can be '
                    'mutated (literal expectations, negatable asserts)')
   shutil.copy(base / cand.file, tree / cand.file)
-  planted = twins.plant(tree, sites + sites, random.Random(f'{seed}:{cand.id}'))
+  try:
+    planted = twins.plant(tree, sites + sites, random.Random(f'{seed}:{cand.id}'))
+  except twins.TwinError as e:
+    raise Rejected('no_twin', f'twins cannot be planted together: {e}') from e
   run = prepared.env.run(tree, cand.test_files, outcome.limits)
   broken = [t for t in required if run.outcomes.get(t) != grading.PASSED]
   if broken:
@@ -426,8 +433,9 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
 
 def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, settings: Settings,
               env_leaks: list[str]) -> tuple[Task, Solution]:
-  tree, graded = out / 'trees' / cand.id, out / 'graded' / cand.id
   hidden = _hidden(cand, settings.visible_tests)
+  tree = out / 'trees' / cand.id
+  graded = out / 'graded' / cand.id if hidden else tree  # What grading starts from.
   try:
     with tempfile.TemporaryDirectory(prefix='candidate-') as tmp:
       deleted_tree = Path(tmp) / 'tree'
@@ -445,12 +453,12 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, setti
       if leaks:
         raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
       sites = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
-    task = _task(cand, out, tree, graded if hidden else tree, outcome, prepared, settings, sites)
+    task = _task(cand, out, tree, graded, outcome, prepared, settings, sites)
     solution = Solution(cand.id, patch_lib.file_diff(
         cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
         removed, prints)
-    result = grading.grade(task, graded if hidden else tree, solution.patch,
-                           python=prepared.env.python, isolate=prepared.env.isolate)
+    result = grading.grade(task, graded, solution.patch, python=prepared.env.python,
+                           isolate=prepared.env.isolate)
     if result.reward != 1.0:
       raise Rejected('reference_fails', f'original graded {result.reward}: {result.reason}')
   except Rejected:

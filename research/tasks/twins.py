@@ -29,8 +29,9 @@ FAILED = 'failed'
 _SINGLETONS = (None, True, False)
 _PRIMITIVE = (str, int, float, bool, type(None))
 _LOOSE = (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)  # Need parentheses after `not`.
-_NOT_WORDS = frozenset({'test', 'tests', 'self', 'cls', 'twin', 'twins', 'canary', 'mutant', 'pytest',
-                        'mark', 'parametrize', 'fixture', 'raises'})
+# Words a fresh test name never uses: pytest's own, and the names of the old canaries.
+_NOT_WORDS = frozenset({'test', 'tests', 'self', 'cls', 'twin', 'twins', 'canary', 'mutant',
+                        'pytest', 'mark', 'parametrize', 'fixture', 'raises'})
 
 
 class TwinError(ValueError):
@@ -293,6 +294,8 @@ def _change(src: _Source, literal: ast.expr, singleton: bool, vocab: list[str],
   """Changes one constant inside `literal` so that the literal's value changes."""
   old = ast.literal_eval(literal)
   leaves = _leaves(literal)
+  if not leaves:
+    raise TwinError(f'nothing to change in {src.segment(literal)[:60]}')
   start, end = src.span(literal)
   for _ in range(20):
     leaf = rng.choice(leaves)
@@ -408,6 +411,8 @@ def _function_twin(src: _Source, module: ast.Module, test: _Test, name: str, edi
   end = src.starts[func.end_lineno]
   line = src.lines[func.lineno - 1]
   found = re.search(r'def\s+(' + re.escape(func.name) + r')\b', line)
+  if found is None:
+    raise TwinError(f'{func.name}: name not on its def line')
   rename = (src.starts[func.lineno - 1] + found.start(1),
             src.starts[func.lineno - 1] + found.end(1), name)
   text = _apply(src.text[start:end], [edit, rename], start)
