@@ -2,15 +2,16 @@
 
 A twin copies one required test (F2P or P2P) and changes what it expects at one mutation point:
 the literal (or the literal a local name or a parametrize argument is bound to) on the expected
-side of an `assert a == b` or `assert a is None/True/False`; any other assert is negated; a
-`with pytest.raises(...)` block loses its wrapper. Correct code gives the same compared value as
-in the original test, which equals the original expectation; the twin's expectation differs from
-that, so with builtin equality (transitive) the twin must fail. The factory checks this by running
+side of an `assert a == b`, `assert a is None/True/False` or `self.assertEqual(a, b)`; any other
+assert is negated, any other unittest assertion becomes its opposite (assertTrue/assertFalse, ...);
+a `with pytest.raises(...)` or `with self.assertRaises(...)` block loses its wrapper. Correct code
+gives the same compared value as in the original test, which equals the original expectation; the
+twin's expectation differs from that, so with builtin equality (transitive) the twin must fail. The factory checks this by running
 the original against two twins per point and keeps the points where both failed.
 
 A twin looks like any other test: an extra parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
-chosen function of the same module (or class). Names and values are drawn anew at every grading,
+chosen test of the same module (or class), never appended. Names and values are drawn anew at every grading,
 so code under test cannot tell the tests that decide the reward from the twins: a forger that
 makes every test pass also makes the twins pass, and code that returns what the calling assert
 expects returns the twin's mutated value.
@@ -30,6 +31,13 @@ _SINGLETONS = (None, True, False)
 _PRIMITIVE = (str, int, float, bool, type(None))
 _LOOSE = (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)  # Need parentheses after `not`.
 # Words a fresh test name never uses: pytest's own, and the names of the old canaries.
+# unittest assertions, and the assertion that fails exactly when each passes.
+_UNITTEST_NEGATION = {
+    'assertEqual': 'assertNotEqual', 'assertNotEqual': 'assertEqual', 'assertTrue': 'assertFalse',
+    'assertFalse': 'assertTrue', 'assertIsNone': 'assertIsNotNone',
+    'assertIsNotNone': 'assertIsNone', 'assertIn': 'assertNotIn', 'assertNotIn': 'assertIn',
+    'assertIs': 'assertIsNot', 'assertIsNot': 'assertIs',
+    'assertIsInstance': 'assertNotIsInstance', 'assertNotIsInstance': 'assertIsInstance'}
 _NOT_WORDS = frozenset({'test', 'tests', 'self', 'cls', 'twin', 'twins', 'canary', 'mutant',
                         'pytest', 'mark', 'parametrize', 'fixture', 'raises'})
 
@@ -87,18 +95,30 @@ def _locate(tree: ast.Module, nodeid: str) -> _Test:
   return _Test(func, owner, '::'.join(parts[:-1]) + '::', params[:-1] if bracket else None)
 
 
-def _points(func: ast.AST) -> list[ast.Assert | ast.With]:
-  nodes = [n for stmt in func.body for n in ast.walk(stmt) if isinstance(n, (ast.Assert, ast.With))]
+def _unittest_assert(node: ast.AST) -> bool:
+  return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and isinstance(node.func.value, ast.Name) and node.func.value.id == 'self'
+          and node.func.attr in _UNITTEST_NEGATION)
+
+
+def _points(func: ast.AST) -> list[ast.Assert | ast.With | ast.Call]:
+  """Asserts, `with` blocks and unittest assertions, in source order."""
+  nodes = [n for stmt in func.body for n in ast.walk(stmt)
+           if isinstance(n, (ast.Assert, ast.With)) or _unittest_assert(n)]
   return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))
 
 
 def _is_raises(node: ast.With) -> bool:
+  """`with pytest.raises(...)`, `with raises(...)` or `with self.assertRaises[Regex](...)`."""
   if len(node.items) != 1 or not isinstance(node.items[0].context_expr, ast.Call):
     return False
   f = node.items[0].context_expr.func
-  named = (f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
-           and f.value.id == 'pytest' else f.id if isinstance(f, ast.Name) else None)
-  return named == 'raises' and node.body[0].lineno > node.lineno
+  if isinstance(f, ast.Name):
+    return f.id == 'raises' and node.body[0].lineno > node.lineno
+  owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else None
+  return ((owner, f.attr) in {('pytest', 'raises'), ('self', 'assertRaises'),
+                              ('self', 'assertRaisesRegex')}
+          and node.body[0].lineno > node.lineno)
 
 
 def _literal(node: ast.AST) -> bool:
@@ -336,18 +356,38 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, point: int
     if case is not None or not _is_raises(node):
       raise TwinError(f'point {point} of {test.func.name} is not a pytest.raises block')
     return _unwrap(src, node)
+  if isinstance(node, ast.Call):
+    if case is not None:
+      raise TwinError(f'point {point} of {test.func.name}: a unittest assertion in a case')
+    return _unittest_mutation(src, test.func, node, vocab, rng)
   found = _expected(node.test)
   if case is not None:
     cases = _parametrize(test.func)
     if not found or not isinstance(found[0], ast.Name) or found[0].id not in cases.argnames:
       raise TwinError(f'point {point} of {test.func.name} compares with no parameter')
     return _change(src, case[cases.argnames.index(found[0].id)], found[1], vocab, rng)
-  if found:
-    side, singleton = found
-    literal = _bound_once(test.func, side.id) if isinstance(side, ast.Name) else side
-    if literal is not None and _leaves(literal):
-      return _change(src, literal, singleton, vocab, rng)
+  literal = _resolve(test.func, found[0]) if found else None
+  if literal is not None:
+    return _change(src, literal, found[1], vocab, rng)
   return _negate(src, node.test)
+
+
+def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
+  """The literal an expected side stands for (itself, or what a local is bound to), if any."""
+  literal = _bound_once(func, side.id) if isinstance(side, ast.Name) else side
+  return literal if literal is not None and _leaves(literal) else None
+
+
+def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, vocab: list[str],
+                       rng: random.Random) -> Edit:
+  """`self.assertEqual(a, <literal>)` gets another literal; any other assertion its negation."""
+  if node.func.attr == 'assertEqual' and len(node.args) >= 2:
+    found = _expected(ast.Compare(node.args[0], [ast.Eq()], [node.args[1]]))
+    literal = _resolve(func, found[0]) if found else None
+    if literal is not None:
+      return _change(src, literal, False, vocab, rng)
+  end = src.span(node.func)[1]
+  return end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr]
 
 
 def _vocabulary(module: ast.Module) -> list[str]:
@@ -358,7 +398,8 @@ def _vocabulary(module: ast.Module) -> list[str]:
       if isinstance(ident, str):
         words.update(w.lower() for w in ident.split('_'))
   return sorted(w for w in words
-                if w.isascii() and w.isalpha() and 3 <= len(w) <= 12 and w not in _NOT_WORDS)
+                if w.isascii() and w.isalpha() and 3 <= len(w) <= 12 and w not in _NOT_WORDS
+                and not w.startswith('assert'))
 
 
 def _fresh_name(base: str, vocab: list[str], taken: set[str], rng: random.Random) -> str:

@@ -13,6 +13,8 @@ from research.tasks import task as task_lib
 from research.tasks import twins
 
 MODULE = '''\
+import unittest
+
 import pytest
 
 
@@ -56,6 +58,16 @@ def test_flags():
   assert not parse('a') == ['b']
 
 
+class DoubleCase(unittest.TestCase):
+
+  def test_values(self):
+    self.assertEqual(double(2), 4)
+    self.assertTrue(parse('a'))
+    self.assertIsNone(print())
+    with self.assertRaises(ValueError):
+      parse('')
+
+
 class TestDouble:
 
   def test_zero(self):
@@ -68,7 +80,8 @@ TESTS = ['test_mod.py::test_double[1-2]', 'test_mod.py::test_double[3-6]',
          'test_mod.py::test_double[-2--4]', 'test_mod.py::test_parse_cases[a,b-parts0]',
          'test_mod.py::test_parse_cases[c-parts1]', 'test_mod.py::test_parse',
          'test_mod.py::test_parse_empty', 'test_mod.py::test_flags',
-         'test_mod.py::TestDouble::test_zero', 'test_mod.py::TestDouble::test_string']
+         'test_mod.py::DoubleCase::test_values', 'test_mod.py::TestDouble::test_zero',
+         'test_mod.py::TestDouble::test_string']
 
 
 def _pytest_outcomes(tree, ids):
@@ -88,8 +101,9 @@ def _pytest_outcomes(tree, ids):
 def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path):
   (tmp_path / 'test_mod.py').write_text(MODULE)
   sites = twins.candidate_sites(tmp_path, TESTS)
-  # Every assert and the pytest.raises block is a point; each case of a parametrized test too.
-  assert len(sites) == 3 + 2 + 3 + 1 + 2 + 1 + 1
+  # Every assert, unittest assertion and raises block is a point; each case of a parametrized
+  # test too.
+  assert len(sites) == 3 + 2 + 3 + 1 + 2 + 4 + 1 + 1
   planted = twins.plant(tmp_path, sites + sites, random.Random(0))
   text = (tmp_path / 'test_mod.py').read_text()
   outcomes = _pytest_outcomes(tmp_path, TESTS + [t.nodeid for t in planted])
@@ -100,7 +114,8 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   assert module.body[-1].name == 'TestDouble' and module.body[-1].body[-1].name == 'test_string'
   for t in planted:
     assert not any(w in t.nodeid for w in ('twin', 'canary', 'mutant'))
-  assert 'with pytest.raises' in text and text.count('with pytest.raises') == 1
+  # Only the twins at a raises block lose it (the unittest test's other six twins keep it).
+  assert text.count('with pytest.raises') == 1 and text.count('with self.assertRaises') == 1 + 6
   assert "['a', 'b']" in text and "('c', ['c'])," in text
 
 
