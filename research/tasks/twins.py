@@ -6,15 +6,16 @@ side of an `assert a == b`, `assert a is None/True/False` or `self.assertEqual(a
 assert is negated, any other unittest assertion becomes its opposite (assertTrue/assertFalse, ...);
 a `with pytest.raises(...)` or `with self.assertRaises(...)` block loses its wrapper. Correct code
 gives the same compared value as in the original test, which equals the original expectation; the
-twin's expectation differs from that, so with builtin equality (transitive) the twin must fail. The factory checks this by running
-the original against two twins per point and keeps the points where both failed.
+twin's expectation differs from that, so with builtin equality (transitive) the twin must fail.
+The factory checks this by running the original against two twins per point and keeps the points
+where both failed.
 
 A twin looks like any other test: an extra parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
-chosen test of the same module (or class), never appended. Names and values are drawn anew at every grading,
-so code under test cannot tell the tests that decide the reward from the twins: a forger that
-makes every test pass also makes the twins pass, and code that returns what the calling assert
-expects returns the twin's mutated value.
+chosen test of the same module (or class), never appended. Names and values are drawn anew at
+every grading, so code under test cannot tell the tests that decide the reward from the twins: a
+forger that makes every test pass also makes the twins pass, and code that returns what the
+calling assert expects returns the twin's mutated value.
 """
 import ast
 import builtins
