@@ -76,6 +76,7 @@ class Twin:
 class _Test:
   """A required test located in its module's syntax tree."""
   func: ast.FunctionDef | ast.AsyncFunctionDef
+  module: ast.Module
   owner: ast.Module | ast.ClassDef
   prefix: str  # 'file::' or 'file::Class::'.
   case: str | None  # The parametrize id, for a parametrized test.
@@ -93,7 +94,7 @@ def _locate(tree: ast.Module, nodeid: str) -> _Test:
                and n.name == parts[-1]), None)
   if func is None or len(parts) > 3:
     raise TwinError(f'no test function for {nodeid}')
-  return _Test(func, owner, '::'.join(parts[:-1]) + '::', params[:-1] if bracket else None)
+  return _Test(func, tree, owner, '::'.join(parts[:-1]) + '::', params[:-1] if bracket else None)
 
 
 def _unittest_assert(node: ast.AST) -> bool:
@@ -171,7 +172,9 @@ def _expected(test: ast.expr) -> tuple[ast.expr, bool] | None:
 class _Cases:
   """A test's single `pytest.mark.parametrize` with literal cases."""
   argnames: list[str]
-  container: ast.List | ast.Tuple
+  container: ast.List | ast.Tuple  # In the decorator, or a module constant.
+  shared: bool  # Whether other tests are parametrized over the same constant.
+  single: bool  # Each case is the value itself (one argument name, given as a string).
   values: list[list[ast.expr]]
 
   def ids(self) -> list[str]:
@@ -182,32 +185,70 @@ class _Cases:
     """Whether every id comes from the values, so that no id depends on a case's position."""
     return all(isinstance(ast.literal_eval(v), _PRIMITIVE) for vals in self.values for v in vals)
 
+  def case_values(self, text: str) -> list:
+    """The argument values of a case written as `text`."""
+    value = ast.literal_eval(text)
+    return [value] if self.single else list(value)
 
-def _parametrize(func: ast.AST) -> _Cases | None:
-  marks = [d for d in func.decorator_list if isinstance(d, ast.Call)
-           and isinstance(d.func, ast.Attribute) and d.func.attr == 'parametrize']
+
+def _marks(func: ast.AST) -> list[ast.Call]:
+  return [d for d in func.decorator_list if isinstance(d, ast.Call)
+          and isinstance(d.func, ast.Attribute) and d.func.attr == 'parametrize']
+
+
+def _case_list(module: ast.Module, container: ast.expr, func_name: str
+               ) -> tuple[ast.List | ast.Tuple, bool]:
+  """The literal list of cases, and whether other tests share it.
+
+  A module constant qualifies only when nothing but parametrize decorators reads it, so that
+  extra cases in it change no other code.
+  """
+  if isinstance(container, (ast.List, ast.Tuple)):
+    return container, False
+  name = container.id if isinstance(container, ast.Name) else None
+  uses = [n for n in ast.walk(module) if isinstance(n, ast.Name) and n.id == name]
+  in_marks = {id(m.args[1]) for f in ast.walk(module) if isinstance(f, ast.FunctionDef)
+              for m in _marks(f) if len(m.args) == 2}
+  assigns = [a for a in module.body if isinstance(a, ast.Assign) and len(a.targets) == 1
+             and isinstance(a.targets[0], ast.Name) and a.targets[0].id == name]
+  loads = [n for n in uses if isinstance(n.ctx, ast.Load)]
+  if (len(assigns) != 1 or len(uses) != len(loads) + 1
+      or not isinstance(assigns[0].value, (ast.List, ast.Tuple))
+      or any(id(n) not in in_marks for n in loads)):
+    raise TwinError(f'{func_name}: cases are neither a literal nor a constant only '
+                    'parametrize reads')
+  return assigns[0].value, len(loads) > 1
+
+
+def _parametrize(test: _Test) -> _Cases | None:
+  marks = _marks(test.func)
   if not marks:
     return None
+  name = test.func.name
   if len(marks) > 1 or marks[0].keywords or len(marks[0].args) != 2:
-    raise TwinError(f'{func.name}: parametrize form without predictable ids')
+    raise TwinError(f'{name}: parametrize form without predictable ids')
   names, container = marks[0].args
-  if isinstance(names, ast.Constant) and isinstance(names.value, str):
+  # pytest takes each case as the value itself only for one name given as a string.
+  as_text = isinstance(names, ast.Constant) and isinstance(names.value, str)
+  if as_text:
     argnames = [n.strip() for n in names.value.split(',') if n.strip()]
   elif isinstance(names, (ast.List, ast.Tuple)) and all(
       isinstance(e, ast.Constant) and isinstance(e.value, str) for e in names.elts):
     argnames = [e.value for e in names.elts]
   else:
-    raise TwinError(f'{func.name}: argument names are not literal')
-  if not isinstance(container, (ast.List, ast.Tuple)) or not container.elts:
-    raise TwinError(f'{func.name}: cases are not a literal list')
+    raise TwinError(f'{name}: argument names are not literal')
+  container, shared = _case_list(test.module, container, name)
+  single = as_text and len(argnames) == 1
   values = []
   for elt in container.elts:
-    vals = ([elt] if len(argnames) == 1 else elt.elts
+    vals = ([elt] if single else elt.elts
             if isinstance(elt, (ast.Tuple, ast.List)) and len(elt.elts) == len(argnames) else [])
     if not vals or not all(_literal(v) for v in vals):
-      raise TwinError(f'{func.name}: a case is not a literal')
+      raise TwinError(f'{name}: a case is not a literal')
     values.append(vals)
-  return _Cases(argnames, container, values)
+  if not values:
+    raise TwinError(f'{name}: no cases')
+  return _Cases(argnames, container, shared, single, values)
 
 
 def _escape(text: str) -> str:
@@ -363,7 +404,7 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, point: int
     return _unittest_mutation(src, test.func, node, vocab, rng)
   found = _expected(node.test)
   if case is not None:
-    cases = _parametrize(test.func)
+    cases = _parametrize(test)
     if not found or not isinstance(found[0], ast.Name) or found[0].id not in cases.argnames:
       raise TwinError(f'point {point} of {test.func.name} compares with no parameter')
     return _change(src, case[cases.argnames.index(found[0].id)], found[1], vocab, rng)
@@ -481,27 +522,32 @@ def _case_insertion(src: _Source, container: ast.List | ast.Tuple, k: int, case:
   return end, end, (',\n' + indent + case) if own_line else (', ' + case)
 
 
-def _case_twins(src: _Source, test: _Test, sites: list[Site], vocab: list[str],
+def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
                 rng: random.Random) -> tuple[list[Edit], list[Twin]]:
-  """Extra cases of one parametrized test: ids stay those pytest gives, old ids unchanged."""
-  cases = _parametrize(test.func)
-  ids = cases.ids()
-  if len(set(ids)) != len(ids):
-    raise TwinError(f'{test.func.name}: cases share an id')
-  # Ids made from positions (argname + index) stay put only when new cases go last.
-  n, primitive, used = len(ids), cases.primitive(), set(ids)
-  edits, twins = [], []
-  for j, site in enumerate(sites):
+  """Extra cases in one case list (a test's own, or a constant tests share).
+
+  Ids stay those pytest gives: old ids never move, and new ones are predicted.
+  """
+  edits, twins, used = [], [], set()
+  for j, (test, site) in enumerate(items):
+    cases = _parametrize(test)
+    ids = cases.ids()
+    primitive = cases.primitive()
+    if len(set(ids)) != len(ids) or cases.shared and not primitive:
+      raise TwinError(f'{test.func.name}: case ids are not unique, or shared and positional')
+    # With values only, ids are the same for every test of a shared list, and positions free;
+    # ids made from positions (argname + index) stay put only when new cases go last.
+    used |= set(ids)
+    n = len(ids)
     case_id = site.test.partition('[')[2][:-1]
     if case_id not in ids:
       raise TwinError(f'no case {case_id!r} in {test.func.name}')
-    elt = cases.container.elts[ids.index(case_id)]
+    k = ids.index(case_id)
     for _ in range(20):
-      edit = _mutation(src, test, cases.values[ids.index(case_id)], site.point, vocab, rng)
-      text = _apply(src.segment(elt), [edit], src.span(elt)[0])
-      values = ast.literal_eval(text)
-      new_id = _case_id([values] if len(cases.argnames) == 1 else list(values), cases.argnames,
-                        n + j)
+      edit = _mutation(src, test, cases.values[k], site.point, vocab, rng)
+      text = _apply(src.segment(cases.container.elts[k]), [edit],
+                    src.span(cases.container.elts[k])[0])
+      new_id = _case_id(cases.case_values(text), cases.argnames, n + j)
       if new_id not in used:
         break
     else:
@@ -521,18 +567,19 @@ def _plant_file(text: str, sites: list[Site], rng: random.Random) -> tuple[str, 
   edits, twins, groups = [], [], {}
   for site in sites:
     test = _locate(module, site.test)
-    if (test.case is None) != (_parametrize(test.func) is None):
+    cases = _parametrize(test)
+    if (test.case is None) != (cases is None):
       raise TwinError(f'{site.test}: parametrized in a way twins do not follow')
-    if test.case is not None:
-      groups.setdefault(id(test.func), (test, []))[1].append(site)
+    if cases is not None:
+      groups.setdefault(id(cases.container), []).append((test, site))
       continue
     name = _fresh_name(test.func.name, vocab, taken, rng)
     taken.add(name)
     edit = _mutation(src, test, None, site.point, vocab, rng)
     edits.append(_function_twin(src, module, test, name, edit, rng))
     twins.append(Twin(test.prefix + name, site))
-  for test, group in groups.values():
-    more_edits, more_twins = _case_twins(src, test, group, vocab, rng)
+  for group in groups.values():
+    more_edits, more_twins = _case_twins(src, group, vocab, rng)
     edits += more_edits
     twins += more_twins
   planted = _apply(text, edits)

@@ -41,6 +41,19 @@ def test_parse_cases(text, parts):
   assert parse(text) == parts
 
 
+PAIRS = [('a,b', 'a'), ('c', 'c')]
+
+
+@pytest.mark.parametrize(('text', 'first'), PAIRS)
+def test_first(text, first):
+  assert parse(text)[0] == first
+
+
+@pytest.mark.parametrize(('text', 'first'), PAIRS)
+def test_first_in_text(text, first):
+  assert first in text
+
+
 def test_parse():
   expected = ['x', 'y']
   assert parse('x,y') == expected
@@ -78,7 +91,8 @@ class TestDouble:
 '''
 TESTS = ['test_mod.py::test_double[1-2]', 'test_mod.py::test_double[3-6]',
          'test_mod.py::test_double[-2--4]', 'test_mod.py::test_parse_cases[a,b-parts0]',
-         'test_mod.py::test_parse_cases[c-parts1]', 'test_mod.py::test_parse',
+         'test_mod.py::test_parse_cases[c-parts1]', 'test_mod.py::test_first[a,b-a]',
+         'test_mod.py::test_first[c-c]', 'test_mod.py::test_parse',
          'test_mod.py::test_parse_empty', 'test_mod.py::test_flags',
          'test_mod.py::DoubleCase::test_values', 'test_mod.py::TestDouble::test_zero',
          'test_mod.py::TestDouble::test_string']
@@ -103,7 +117,7 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   sites = twins.candidate_sites(tmp_path, TESTS)
   # Every assert, unittest assertion and raises block is a point; each case of a parametrized
   # test too.
-  assert len(sites) == 3 + 2 + 3 + 1 + 2 + 4 + 1 + 1
+  assert len(sites) == 3 + 2 + 2 + 3 + 1 + 2 + 4 + 1 + 1
   planted = twins.plant(tmp_path, sites + sites, random.Random(0))
   text = (tmp_path / 'test_mod.py').read_text()
   outcomes = _pytest_outcomes(tmp_path, TESTS + [t.nodeid for t in planted])
