@@ -9,6 +9,7 @@ the grading sandbox, gets reward 1. A failing candidate is recorded with its gat
 """
 import collections
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path, PurePosixPath
@@ -35,6 +36,8 @@ from research.tasks.task import Solution, Task
 
 GATES = ('not_deletable', 'no_covering_test', 'not_importable', 'no_fail_to_pass',
          'no_pass_to_pass', 'leak', 'no_twin', 'reference_fails', 'harness_fault', 'error')
+# Twin sites verified per task: enough variety for gradings that plant a few at a time.
+_TWIN_SITES = 16
 # Limits for the runs of the original, before its own timing is known.
 _PROBE_LIMITS = sandbox.Limits(cpu_s=600, wall_s=1200)
 
@@ -405,20 +408,25 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
                   prepared: _Prepared, seed: int) -> list[str]:
   """Sites where twins fail on the original: two twins per candidate site, in one run.
 
-  `tree` (the deleted state) gets the original file back and the twins; it is used up.
+  Up to _TWIN_SITES sites, from F2P and P2P tests alternately in a seeded order. `tree` (the
+  deleted state) gets the original file back and the twins; it is used up.
   """
-  required = outcome.fail_to_pass + outcome.pass_to_pass
-  sites = twins.candidate_sites(tree, required)
+  rng = random.Random(f'{seed}:{cand.id}')
+  f2p, p2p = list(outcome.fail_to_pass), list(outcome.pass_to_pass)
+  rng.shuffle(f2p)
+  rng.shuffle(p2p)
+  order = [t for pair in itertools.zip_longest(f2p, p2p) for t in pair if t is not None]
+  sites = twins.candidate_sites(tree, order, _TWIN_SITES)
   if not sites:
     raise Rejected('no_twin', 'no assert or pytest.raises block of a required test can be '
                    'mutated (literal expectations, negatable asserts)')
   shutil.copy(base / cand.file, tree / cand.file)
   try:
-    planted = twins.plant(tree, sites + sites, random.Random(f'{seed}:{cand.id}'))
+    planted = twins.plant(tree, sites + sites, rng)
   except twins.TwinError as e:
     raise Rejected('no_twin', f'twins cannot be planted together: {e}') from e
   run = prepared.env.run(tree, cand.test_files, outcome.limits)
-  broken = [t for t in required if run.outcomes.get(t) != grading.PASSED]
+  broken = [t for t in order if run.outcomes.get(t) != grading.PASSED]
   if broken:
     raise Rejected('no_twin', f'planting twins changed the outcome of {broken[0]}: '
                    f'{run.outcomes.get(broken[0], "missing")}')

@@ -21,6 +21,7 @@ import ast
 import builtins
 import collections
 import dataclasses
+import functools
 from pathlib import Path
 import random
 import re
@@ -196,28 +197,40 @@ def _marks(func: ast.AST) -> list[ast.Call]:
           and isinstance(d.func, ast.Attribute) and d.func.attr == 'parametrize']
 
 
-def _case_list(module: ast.Module, container: ast.expr, func_name: str
-               ) -> tuple[ast.List | ast.Tuple, bool]:
-  """The literal list of cases, and whether other tests share it.
+@functools.lru_cache(maxsize=8)
+def _constants(module: ast.Module) -> dict[str, tuple[ast.List | ast.Tuple, bool]]:
+  """Module constants that only parametrize decorators read: name -> (cases, shared by tests).
 
-  A module constant qualifies only when nothing but parametrize decorators reads it, so that
-  extra cases in it change no other code.
+  Only those qualify as case lists: extra cases in them change no other code.
   """
-  if isinstance(container, (ast.List, ast.Tuple)):
-    return container, False
-  name = container.id if isinstance(container, ast.Name) else None
-  uses = [n for n in ast.walk(module) if isinstance(n, ast.Name) and n.id == name]
   in_marks = {id(m.args[1]) for f in ast.walk(module) if isinstance(f, ast.FunctionDef)
               for m in _marks(f) if len(m.args) == 2}
-  assigns = [a for a in module.body if isinstance(a, ast.Assign) and len(a.targets) == 1
-             and isinstance(a.targets[0], ast.Name) and a.targets[0].id == name]
-  loads = [n for n in uses if isinstance(n.ctx, ast.Load)]
-  if (len(assigns) != 1 or len(uses) != len(loads) + 1
-      or not isinstance(assigns[0].value, (ast.List, ast.Tuple))
-      or any(id(n) not in in_marks for n in loads)):
+  uses = collections.defaultdict(list)
+  for n in ast.walk(module):
+    if isinstance(n, ast.Name):
+      uses[n.id].append(n)
+  out = {}
+  for a in module.body:
+    if (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+        and isinstance(a.value, (ast.List, ast.Tuple))):
+      loads = [n for n in uses[a.targets[0].id] if isinstance(n.ctx, ast.Load)]
+      if (len(uses[a.targets[0].id]) == len(loads) + 1
+          and all(id(n) in in_marks for n in loads)):
+        out[a.targets[0].id] = (a.value, len(loads) > 1)
+  return out
+
+
+def _case_list(module: ast.Module, container: ast.expr, func_name: str
+               ) -> tuple[ast.List | ast.Tuple, bool]:
+  """The literal list of cases (in the decorator or a module constant), and whether other tests
+  share it."""
+  if isinstance(container, (ast.List, ast.Tuple)):
+    return container, False
+  found = _constants(module).get(container.id) if isinstance(container, ast.Name) else None
+  if found is None:
     raise TwinError(f'{func_name}: cases are neither a literal nor a constant only '
                     'parametrize reads')
-  return assigns[0].value, len(loads) > 1
+  return found
 
 
 def _parametrize(test: _Test) -> _Cases | None:
@@ -559,29 +572,47 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
   return edits, twins
 
 
-def _plant_file(text: str, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
-  src, module = _Source(text), ast.parse(text)
-  vocab = _vocabulary(module)
-  taken = {n.name for n in ast.walk(module) if isinstance(getattr(n, 'name', None), str)}
-  taken |= {n.id for n in ast.walk(module) if isinstance(n, ast.Name)}
+@dataclasses.dataclass
+class _Module:
+  """A test module parsed once, with what naming twins needs."""
+  src: _Source
+  tree: ast.Module
+  vocab: list[str]
+  taken: set[str]  # Names a twin may not take.
+
+  @classmethod
+  def parse(cls, text: str) -> '_Module':
+    tree = ast.parse(text)
+    taken = {n.name for n in ast.walk(tree) if isinstance(getattr(n, 'name', None), str)}
+    taken |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return cls(_Source(text), tree, _vocabulary(tree), taken)
+
+
+def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edit], list[Twin]]:
+  """The insertions that plant one twin per site into the module (names join mod.taken)."""
   edits, twins, groups = [], [], {}
   for site in sites:
-    test = _locate(module, site.test)
+    test = _locate(mod.tree, site.test)
     cases = _parametrize(test)
     if (test.case is None) != (cases is None):
       raise TwinError(f'{site.test}: parametrized in a way twins do not follow')
     if cases is not None:
       groups.setdefault(id(cases.container), []).append((test, site))
       continue
-    name = _fresh_name(test.func.name, vocab, taken, rng)
-    taken.add(name)
-    edit = _mutation(src, test, None, site.point, vocab, rng)
-    edits.append(_function_twin(src, module, test, name, edit, rng))
+    name = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
+    mod.taken.add(name)
+    edit = _mutation(mod.src, test, None, site.point, mod.vocab, rng)
+    edits.append(_function_twin(mod.src, mod.tree, test, name, edit, rng))
     twins.append(Twin(test.prefix + name, site))
   for group in groups.values():
-    more_edits, more_twins = _case_twins(src, group, vocab, rng)
+    more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng)
     edits += more_edits
     twins += more_twins
+  return edits, twins
+
+
+def _plant_file(text: str, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
+  edits, twins = _plan(_Module.parse(text), sites, rng)
   planted = _apply(text, edits)
   try:
     ast.parse(planted)
@@ -607,26 +638,36 @@ def plant(tree: Path, sites: list[Site], rng: random.Random) -> list[Twin]:
   return twins
 
 
-def candidate_sites(tree: Path, tests: list[str]) -> list[Site]:
-  """Every point of the tests at which a twin can be written (whether it fails is checked later)."""
-  out, texts = [], {}
+def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> list[Site]:
+  """The points of the tests (in their order) at which a twin can be written, `limit` at most.
+
+  Whether the twins fail is checked later, by running them.
+  """
+  out, modules = [], {}
   rng = random.Random(0)
   for nodeid in tests:
+    if limit is not None and len(out) >= limit:
+      break
     rel = nodeid.split('::', 1)[0]
-    if rel not in texts:
+    if rel not in modules:
       with open(tree / rel) as f:
-        texts[rel] = f.read()
+        text = f.read()
+      try:
+        modules[rel] = _Module.parse(text)
+      except SyntaxError:
+        modules[rel] = None
+    mod = modules[rel]
     try:
-      count = len(_points(_locate(ast.parse(texts[rel]), nodeid).func))
-    except (TwinError, SyntaxError):
+      count = len(_points(_locate(mod.tree, nodeid).func)) if mod else 0
+    except TwinError:
       continue
     for point in range(count):
       try:
-        _plant_file(texts[rel], [Site(nodeid, point)], rng)
+        _plan(dataclasses.replace(mod, taken=set(mod.taken)), [Site(nodeid, point)], rng)
       except TwinError:
         continue
       out.append(Site(nodeid, point))
-  return out
+  return out[:limit]
 
 
 def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random) -> list[Site]:
