@@ -118,7 +118,9 @@ def _is_raises(node: ast.With) -> bool:
   f = node.items[0].context_expr.func
   if isinstance(f, ast.Name):
     return f.id == 'raises' and node.body[0].lineno > node.lineno
-  owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else None
+  if not isinstance(f, ast.Attribute):
+    return False
+  owner = f.value.id if isinstance(f.value, ast.Name) else None
   return ((owner, f.attr) in {('pytest', 'raises'), ('self', 'assertRaises'),
                               ('self', 'assertRaisesRegex')}
           and node.body[0].lineno > node.lineno)

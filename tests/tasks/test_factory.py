@@ -33,7 +33,8 @@ def test_fixture_tasks_pass_every_gate(fixture_tasks):
 
 def test_rejections_are_counted_with_their_gate(fixture_tasks):
   _, task_dir, summary = fixture_tasks
-  rejected = {r['candidate']: r for r in map(json.loads, (task_dir / 'rejected.jsonl').open())}
+  with open(task_dir / 'rejected.jsonl') as f:
+    rejected = {r['candidate']: r for r in map(json.loads, f)}
   assert rejected['textops.core.reverse_words.body']['gate'] == 'no_covering_test'
   assert rejected['textops.core.wrap.function']['gate'] == 'not_importable'
   assert "name 'wrap' is not defined" in rejected['textops.core.wrap.function']['detail']

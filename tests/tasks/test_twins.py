@@ -133,6 +133,29 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   assert "['a', 'b']" in text and "('c', ['c'])," in text
 
 
+def test_a_case_list_other_code_reads_gets_no_twins(tmp_path):
+  # An extra case would change what test_all checks.
+  (tmp_path / 'test_mod.py').write_text('''\
+import pytest
+
+CASES = [(1, 2), (2, 4)]
+
+
+@pytest.mark.parametrize('x, y', CASES)
+def test_double(x, y):
+  assert 2 * x == y
+
+
+def test_all():
+  assert all(2 * x == y for x, y in CASES)
+''')
+  assert twins.candidate_sites(tmp_path, ['test_mod.py::test_double[1-2]']) == []
+  text = (tmp_path / 'test_mod.py').read_text().replace('CASES)', '[(1, 2), (2, 4)])')
+  (tmp_path / 'test_mod.py').write_text(text)
+  assert twins.candidate_sites(tmp_path, ['test_mod.py::test_double[1-2]']) == [
+      twins.Site('test_mod.py::test_double[1-2]', 0)]
+
+
 def test_each_planting_draws_fresh_names_and_values(tmp_path):
   made = []
   for seed in (1, 2):
