@@ -1,7 +1,7 @@
 """Makes validated synthetic tasks from a local Python repository with a pytest suite.
 
 python -m launch.make_tasks --repo=PATH --out=DIR [--format=arrayrecord] [--max_tasks=50] \
-    [--modes=body,function,feature] [--site_dir=DIR ...]
+    [--modes=body,function,feature] [--site_dir=DIR ...] [--visible_tests] [--max_twins=4]
 """
 from absl import app, flags
 
@@ -18,6 +18,10 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Shuffles the candidates.')
 _RUNS = flags.DEFINE_integer('runs', 3, 'Runs of the original suite; flaky tests are dropped.')
 _SITE_DIRS = flags.DEFINE_multi_string(
     'site_dir', [], 'Directory with dependencies to put on the sandbox path (repeatable).')
+_VISIBLE_TESTS = flags.DEFINE_boolean(
+    'visible_tests', False, "Keep the test files that decide the reward in the policy's tree "
+    '(by default they are hidden, as in SWE-bench).')
+_MAX_TWINS = flags.DEFINE_integer('max_twins', 4, 'Mutant twins planted per grading, at most.')
 flags.mark_flags_as_required(['repo', 'out'])
 
 
@@ -29,7 +33,7 @@ def main(argv):
   summary = factory.make_tasks(
       _REPO.value, _OUT.value, modes=tuple(_MODES.value), max_tasks=_MAX_TASKS.value,
       only=_ONLY.value, seed=_SEED.value, runs=_RUNS.value, site_dirs=tuple(_SITE_DIRS.value),
-      fmt=_FORMAT.value)
+      visible_tests=_VISIBLE_TESTS.value, max_twins=_MAX_TWINS.value, fmt=_FORMAT.value)
   if summary.repo_rejected:
     raise SystemExit(f'repository rejected: {summary.repo_rejected}')
 

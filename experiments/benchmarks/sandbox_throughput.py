@@ -45,7 +45,7 @@ def main(argv):
     factory.make_tasks(fx.repo, out, site_dirs=(str(fx.site),), progress=False)
     tasks = task_lib.read(out / 'tasks.jsonl')
     solutions = task_lib.read_solutions(out)
-    jobs = [pool.Job(t, out / t.tree, solutions[t.id].patch) for t in tasks]
+    jobs = [pool.Job(t, out / t.grading_tree, solutions[t.id].patch) for t in tasks]
     seconds = {True: 0.0, False: 0.0}
     for _ in range(_REPEATS.value):
       for isolate in (True, False):

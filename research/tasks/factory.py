@@ -9,6 +9,7 @@ the grading sandbox, gets reward 1. A failing candidate is recorded with its gat
 """
 import collections
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path, PurePosixPath
@@ -30,10 +31,13 @@ from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import scrub
 from research.tasks import task as task_lib
+from research.tasks import twins
 from research.tasks.task import Solution, Task
 
 GATES = ('not_deletable', 'no_covering_test', 'not_importable', 'no_fail_to_pass',
-         'no_pass_to_pass', 'leak', 'reference_fails', 'harness_fault', 'error')
+         'no_pass_to_pass', 'leak', 'no_twin', 'reference_fails', 'harness_fault', 'error')
+# Twin sites verified per task: enough variety for gradings that plant a few at a time.
+_TWIN_SITES = 16
 # Limits for the runs of the original, before its own timing is known.
 _PROBE_LIMITS = sandbox.Limits(cpu_s=600, wall_s=1200)
 
@@ -83,6 +87,10 @@ class Candidate:
   @property
   def id(self) -> str:
     return re.sub(r'[^A-Za-z0-9_.-]', '_', f'{self.module}.{self.symbol.qualname}.{self.mode}')
+
+  @property
+  def test_files(self) -> list[str]:
+    return sorted({t.split('::')[0] for t in self.tests})
 
 
 def stable_tests(runs: list[dict[str, str]]) -> tuple[set[str], set[str], set[str]]:
@@ -213,20 +221,48 @@ def _delete(tree: Path, cand: Candidate) -> str:
   return removed
 
 
-def make_tasks(repo: Path, out: Path, *, modes: tuple[str, ...] = task_lib.MODES,
-               max_tasks: int | None = None, only: Collection[str] | None = None,
-               seed: int = 0, runs: int = 3,
-               site_dirs: tuple[str, ...] = (), python: str = sys.executable,
-               fmt: str = 'jsonl', isolate: bool = True, progress: bool = True,
-               log: Callable[[str], None] = print) -> Summary:
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What make_tasks does with a repository (its keyword arguments)."""
+  modes: tuple[str, ...] = task_lib.MODES
+  max_tasks: int | None = None
+  only: Collection[str] | None = None  # Qualified names ('slugify', 'Histogram.render').
+  seed: int = 0
+  runs: int = 3
+  site_dirs: tuple[str, ...] = ()
+  python: str = sys.executable
+  isolate: bool = True
+  visible_tests: bool = False  # Keep the task's test files in the policy's tree.
+  max_twins: int = 4  # Mutant twins per grading, at most.
+
+  def __post_init__(self):
+    if self.max_twins < 1:
+      raise ValueError(f'max_twins must be at least 1, got {self.max_twins}')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+  """What the repository-level gates leave for the candidates."""
+  repo: str
+  env: _Env
+  candidates: list[Candidate]
+  stable: set[str]
+  wall: float  # Wall seconds of one run of the original suite.
+
+
+Reject = Callable[[Candidate, str, str], None]
+
+
+def make_tasks(repo: Path, out: Path, *, fmt: str = 'jsonl', progress: bool = True,
+               log: Callable[[str], None] = print, **settings) -> Summary:
   """Writes validated tasks for `repo` into `out` and returns the summary.
 
-  `only` restricts targets to these qualified names ('slugify', 'Histogram.render').
+  `settings` are the fields of Settings.
   """
   start = time.perf_counter()
+  settings = Settings(**settings)
   repo, out = Path(repo).resolve(), Path(out).resolve()
-  name = repo.name
-  summary = Summary(name)
+  summary = Summary(repo.name)
   out.mkdir(parents=True, exist_ok=True)
   (out / 'trees').mkdir(exist_ok=True)
   rejections = []
@@ -235,48 +271,56 @@ def make_tasks(repo: Path, out: Path, *, modes: tuple[str, ...] = task_lib.MODES
     summary.rejected[gate] += 1
     rejections.append({'candidate': cand.id, 'gate': gate, 'detail': detail})
 
-  tasks, solutions = [], []
   with tempfile.TemporaryDirectory(prefix='factory-') as tmp:
-    base = Path(tmp) / name
+    base = Path(tmp) / repo.name
     layout.copy_tree(repo, base)
     try:
-      env, cands, stable, wall = _prepare(base, modes, only, site_dirs, python, isolate, runs,
-                                          summary, reject)
+      prepared = _prepare(base, settings, summary, reject)
     except Rejected as e:
       summary.repo_rejected = str(e)
-      cands = []
-    random.Random(seed).shuffle(cands)
-    leaks = {}
-    if cands:
-      leaks = scrub.scan_environment(
-          [*sandbox.python_roots(python), *site_dirs], _fingerprint_all(base, cands))
-    bar = tqdm.tqdm(cands, desc=f'tasks from {name}', unit='candidate', disable=not progress)
-    for cand in bar:
-      if max_tasks is not None and summary.kept >= max_tasks:
-        break
-      summary.tried += 1
-      try:
-        made = _make_one(base, out, cand, env, stable, wall, name, leaks.get(cand.id, []))
-      except Rejected as e:
-        reject(cand, e.gate, e.detail)
-        continue
-      except Exception:  # The factory never stops on one bad candidate.
-        reject(cand, 'error', traceback.format_exc(limit=3)[-500:])
-        continue
-      tasks.append(made[0])
-      solutions.append(made[1])
-      summary.kept += 1
-      bar.set_postfix(kept=summary.kept)
-  task_lib.write(out, tasks, solutions, fmt)
+      prepared = None
+    made = _make_all(base, out, prepared, settings, summary, reject, progress) if prepared else []
+  task_lib.write(out, [m[0] for m in made], [m[1] for m in made], fmt)
   summary.seconds = time.perf_counter() - start
-  (out / 'rejected.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rejections))
-  (out / 'summary.json').write_text(json.dumps(
-      {**dataclasses.asdict(summary), 'rejected': dict(summary.rejected)}, indent=1))
+  with open(out / 'rejected.jsonl', 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in rejections)
+  with open(out / 'summary.json', 'w') as f:
+    json.dump({**dataclasses.asdict(summary), 'rejected': dict(summary.rejected)}, f, indent=1)
   log(summary.table())
   return summary
 
 
-def _prepare(base: Path, modes, only, site_dirs, python, isolate, runs, summary, reject):
+def _make_all(base: Path, out: Path, prepared: _Prepared, settings: Settings, summary: Summary,
+              reject: Reject, progress: bool) -> list[tuple[Task, Solution]]:
+  """Tries the candidates in a seeded order, until max_tasks are kept."""
+  cands = list(prepared.candidates)
+  random.Random(settings.seed).shuffle(cands)
+  leaks = {}
+  if cands:
+    leaks = scrub.scan_environment(
+        [*sandbox.python_roots(settings.python), *settings.site_dirs],
+        _fingerprint_all(base, cands, settings.visible_tests))
+  made = []
+  bar = tqdm.tqdm(cands, desc=f'tasks from {summary.repo}', unit='candidate',
+                  disable=not progress)
+  for cand in bar:
+    if settings.max_tasks is not None and summary.kept >= settings.max_tasks:
+      break
+    summary.tried += 1
+    try:
+      made.append(_make_one(base, out, cand, prepared, settings, leaks.get(cand.id, [])))
+    except Rejected as e:
+      reject(cand, e.gate, e.detail)
+      continue
+    except Exception:  # The factory never stops on one bad candidate.
+      reject(cand, 'error', traceback.format_exc(limit=3)[-500:])
+      continue
+    summary.kept += 1
+    bar.set_postfix(kept=summary.kept)
+  return made
+
+
+def _prepare(base: Path, settings: Settings, summary: Summary, reject: Reject) -> _Prepared:
   """Repository-level gates; returns the environment, candidates, stable tests and timing."""
   packages = layout.source_packages(base)
   tests = layout.test_files(base)
@@ -284,14 +328,14 @@ def _prepare(base: Path, modes, only, site_dirs, python, isolate, runs, summary,
     raise Rejected('no_packages', 'no importable package found')
   if not tests:
     raise Rejected('no_tests', 'no test files (test_*.py, *_test.py or under tests/)')
-  env = _Env(python, list(site_dirs), [layout.source_root(base)], layout.pytest_config(base),
-             isolate)
+  env = _Env(settings.python, list(settings.site_dirs), [layout.source_root(base)],
+             layout.pytest_config(base), settings.isolate)
   tops = sorted({PurePosixPath(p).name for p in packages})
   installed = {k: v for k, v in json.loads(env.python_check(_FIND_INSTALLED, tops)).items() if v}
   if installed:
     raise Rejected('leak', f'installed copies importable outside the tree: {installed}')
   results = [env.run(base, tests, _PROBE_LIMITS, packages if i == 0 else None)
-             for i in range(runs)]
+             for i in range(settings.runs)]
   stable, flaky, failing = stable_tests([r.outcomes for r in results])
   summary.stable_tests, summary.flaky_tests, summary.failing_tests = map(
       len, (stable, flaky, failing))
@@ -302,25 +346,32 @@ def _prepare(base: Path, modes, only, site_dirs, python, isolate, runs, summary,
   shutil.rmtree(results[0].coverage_file.parent)
   covered = {f: {line: ts & stable for line, ts in lines.items()} for f, lines in covered.items()}
   wall = max(r.wall_s for r in results[1:] or results)
-  cands = _candidates(base, packages, covered, modes, only, summary, reject)
-  return env, cands, stable, wall
+  cands = _candidates(base, packages, covered, settings.modes, settings.only, summary, reject)
+  return _Prepared(base.name, env, cands, stable, wall)
 
 
-def _fingerprint_all(base: Path, cands: list[Candidate]) -> dict[str, list[str]]:
+def _hidden(cand: Candidate, visible_tests: bool) -> list[str]:
+  """Test files kept out of the policy's tree: every file that holds a required test."""
+  return [] if visible_tests else cand.test_files
+
+
+def _fingerprint_all(base: Path, cands: list[Candidate], visible_tests: bool
+                     ) -> dict[str, list[str]]:
   out = {}
   for cand in cands:
     source = (base / cand.file).read_text()
     lines = source.splitlines(keepends=True)
     deleted = ''.join(''.join(lines[s.start - 1:s.end]) for s in cand.removed)
-    out[cand.id] = scrub.fingerprints(deleted, _remaining_sources(base, cand))
+    out[cand.id] = scrub.fingerprints(
+        deleted, _remaining_sources(base, cand, _hidden(cand, visible_tests)))
   return out
 
 
-def _remaining_sources(tree: Path, cand: Candidate) -> list[str]:
+def _remaining_sources(tree: Path, cand: Candidate, hidden: list[str]) -> list[str]:
   """Source text that stays visible to the policy (after the deletion of cand)."""
   texts = []
   for rel in layout.iter_files(tree):
-    if rel.endswith('.py') and rel != cand.file:
+    if rel.endswith('.py') and rel != cand.file and rel not in hidden:
       texts.append((tree / rel).read_text(errors='replace'))
   source = (tree / cand.file).read_text()
   lines = source.splitlines(keepends=True)
@@ -329,48 +380,114 @@ def _remaining_sources(tree: Path, cand: Candidate) -> list[str]:
   return texts
 
 
-def _make_one(base: Path, out: Path, cand: Candidate, env: _Env, stable: set[str], wall: float,
-              repo_name: str, env_leaks: list[str]) -> tuple[Task, Solution]:
-  with tempfile.TemporaryDirectory(prefix='candidate-') as tmp:
-    deleted_tree = Path(tmp) / 'tree'
-    layout.copy_tree(base, deleted_tree)
-    removed = _delete(deleted_tree, cand)
-    env.python_check(_IMPORT, [cand.module], deleted_tree)
-    files = sorted({t.split('::')[0] for t in cand.tests})
-    limits = sandbox.Limits(cpu_s=max(10, math.ceil(4 * wall)), wall_s=max(30.0, 10 * wall))
-    run = env.run(deleted_tree, files, limits)
-    relevant = sorted(t for t in stable if t.split('::')[0] in files)
-    f2p = [t for t in relevant if run.outcomes.get(t) != grading.PASSED]
-    p2p = [t for t in relevant if run.outcomes.get(t) == grading.PASSED]
-    if not f2p:
-      raise Rejected('no_fail_to_pass', 'every test still passes without the code')
-    if not p2p:
-      raise Rejected('no_pass_to_pass', 'no test passes without the code')
-    tree = out / 'trees' / cand.id
-    if tree.exists():
-      shutil.rmtree(tree)
-    scrub.build_policy_tree(deleted_tree, tree)
-  prints = scrub.fingerprints(removed, _remaining_sources(base, cand))
-  leaks = scrub.scan_tree(tree, prints) + env_leaks
-  packages = layout.source_packages(base)
-  task = Task(
-      id=cand.id, repo=repo_name, file=cand.file, symbol=cand.symbol.qualname, mode=cand.mode,
-      fail_to_pass=f2p, pass_to_pass=p2p, test_files=files,
-      test_command=['python', '-m', 'pytest', '-p', 'no:cacheprovider', *files],
-      protected_paths=layout.protected_paths(tree, packages), packages=packages,
-      python_path=env.python_path, site_dirs=env.site_dirs, config_file=env.config_file,
-      time_limit_s=limits.wall_s, cpu_limit_s=limits.cpu_s,
-      tree=tree.relative_to(out).as_posix())
-  solution = Solution(cand.id, patch_lib.file_diff(
-      cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
-      removed, prints)
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+  """The deleted state's test results for one candidate."""
+  fail_to_pass: list[str]
+  pass_to_pass: list[str]
+  limits: sandbox.Limits
+
+
+def _run_deleted(deleted_tree: Path, cand: Candidate, prepared: _Prepared) -> _Outcome:
+  prepared.env.python_check(_IMPORT, [cand.module], deleted_tree)
+  files = cand.test_files
+  wall = prepared.wall
+  limits = sandbox.Limits(cpu_s=max(10, math.ceil(4 * wall)), wall_s=max(30.0, 10 * wall))
+  run = prepared.env.run(deleted_tree, files, limits)
+  relevant = sorted(t for t in prepared.stable if t.split('::')[0] in files)
+  f2p = [t for t in relevant if run.outcomes.get(t) != grading.PASSED]
+  p2p = [t for t in relevant if run.outcomes.get(t) == grading.PASSED]
+  if not f2p:
+    raise Rejected('no_fail_to_pass', 'every test still passes without the code')
+  if not p2p:
+    raise Rejected('no_pass_to_pass', 'no test passes without the code')
+  return _Outcome(f2p, p2p, limits)
+
+
+def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
+                  prepared: _Prepared, seed: int) -> list[str]:
+  """Sites where twins fail on the original: two twins per candidate site, in one run.
+
+  Up to _TWIN_SITES sites, from F2P and P2P tests alternately in a seeded order. `tree` (the
+  deleted state) gets the original file back and the twins; it is used up.
+  """
+  rng = random.Random(f'{seed}:{cand.id}')
+  f2p, p2p = list(outcome.fail_to_pass), list(outcome.pass_to_pass)
+  rng.shuffle(f2p)
+  rng.shuffle(p2p)
+  order = [t for pair in itertools.zip_longest(f2p, p2p) for t in pair if t is not None]
+  sites = twins.candidate_sites(tree, order, _TWIN_SITES)
+  if not sites:
+    raise Rejected('no_twin', 'no assert or pytest.raises block of a required test can be '
+                   'mutated (literal expectations, negatable asserts)')
+  shutil.copy(base / cand.file, tree / cand.file)
   try:
-    if leaks:
-      raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
-    result = grading.grade(task, tree, solution.patch, python=env.python, isolate=env.isolate)
+    planted = twins.plant(tree, sites + sites, rng)
+  except twins.TwinError as e:
+    raise Rejected('no_twin', f'twins cannot be planted together: {e}') from e
+  run = prepared.env.run(tree, cand.test_files, outcome.limits)
+  broken = [t for t in order if run.outcomes.get(t) != grading.PASSED]
+  if broken:
+    raise Rejected('no_twin', f'planting twins changed the outcome of {broken[0]}: '
+                   f'{run.outcomes.get(broken[0], "missing")}')
+  failed = collections.Counter(
+      str(t.site) for t in planted if run.outcomes.get(t.nodeid) == twins.FAILED)
+  verified = sorted(site for site, n in failed.items() if n == 2)
+  if not verified:
+    raise Rejected('no_twin', f'none of {len(sites)} candidate twins failed on the original '
+                   'twice')
+  return verified
+
+
+def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, settings: Settings,
+              env_leaks: list[str]) -> tuple[Task, Solution]:
+  hidden = _hidden(cand, settings.visible_tests)
+  tree = out / 'trees' / cand.id
+  graded = out / 'graded' / cand.id if hidden else tree  # What grading starts from.
+  try:
+    with tempfile.TemporaryDirectory(prefix='candidate-') as tmp:
+      deleted_tree = Path(tmp) / 'tree'
+      layout.copy_tree(base, deleted_tree)
+      removed = _delete(deleted_tree, cand)
+      outcome = _run_deleted(deleted_tree, cand, prepared)
+      for path in (tree, graded):
+        if path.exists():
+          shutil.rmtree(path)
+      scrub.build_policy_tree(deleted_tree, tree, hidden)
+      if hidden:
+        layout.copy_tree(deleted_tree, graded)
+      prints = scrub.fingerprints(removed, _remaining_sources(base, cand, hidden))
+      leaks = scrub.scan_tree(tree, prints) + env_leaks
+      if leaks:
+        raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
+      sites = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
+    task = _task(cand, out, tree, graded, outcome, prepared, settings, sites)
+    solution = Solution(cand.id, patch_lib.file_diff(
+        cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
+        removed, prints)
+    result = grading.grade(task, graded, solution.patch, python=prepared.env.python,
+                           isolate=prepared.env.isolate)
     if result.reward != 1.0:
       raise Rejected('reference_fails', f'original graded {result.reward}: {result.reason}')
   except Rejected:
-    shutil.rmtree(tree)
+    for path in (tree, graded):
+      if path.exists():
+        shutil.rmtree(path)
     raise
   return task, solution
+
+
+def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcome,
+          prepared: _Prepared, settings: Settings, sites: list[str]) -> Task:
+  env, files = prepared.env, cand.test_files
+  packages = layout.source_packages(graded)
+  return Task(
+      id=cand.id, repo=prepared.repo, file=cand.file,
+      symbol=cand.symbol.qualname, mode=cand.mode, fail_to_pass=outcome.fail_to_pass,
+      pass_to_pass=outcome.pass_to_pass, test_files=files,
+      test_command=['python', '-m', 'pytest', '-p', 'no:cacheprovider', *files],
+      protected_paths=layout.protected_paths(graded, packages), packages=packages,
+      python_path=env.python_path, site_dirs=env.site_dirs, config_file=env.config_file,
+      time_limit_s=outcome.limits.wall_s, cpu_limit_s=outcome.limits.cpu_s,
+      tree=tree.relative_to(out).as_posix(), grading_tree=graded.relative_to(out).as_posix(),
+      visible_tests=settings.visible_tests, twin_sites=sites, max_twins=settings.max_twins)

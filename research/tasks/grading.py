@@ -4,14 +4,16 @@ The work area the policy edited is never run. Only the sections of its diff that
 source inside the task's packages are applied, to a clean copy of the task's tree, so tests and
 test configuration are the pristine ones. pytest then runs in a new sandbox with autoloaded
 plugins, caches and bytecode off, under rlimits, and reports each test through a pipe to the
-harness; canary tests that must fail, pytest's own summary and the exit status cross-check that
-report, and the runner's integrity checks look for in-process tampering after each test.
+harness; mutant twins of the required tests (research/tasks/twins.py), which correct code fails,
+pytest's own summary and the exit status cross-check that report, and the runner's integrity
+checks look for in-process tampering after each test.
 """
 import collections
 import dataclasses
 import json
 import os
 from pathlib import Path
+import random
 import re
 import secrets
 import shutil
@@ -23,11 +25,12 @@ from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import tamper
+from research.tasks import twins
 from research.tasks.task import Task
 
 RUNNER = Path(__file__).with_name('runner.py')
 PASSED = 'passed'
-# pytest's exit status when some tests failed: what the canaries guarantee for an honest run.
+# pytest's exit status when some tests failed: what the twins guarantee for an honest run.
 TESTS_FAILED = 1
 # Enough that pytest's summary survives the output cut, and no more than a report ever needs.
 _OUTPUT_KB = 1024
@@ -329,12 +332,6 @@ def apply_checked(work: Path, kept: list[patch_lib.FileSection], task: Task
   return None, flags
 
 
-def canary_source(nonce: str) -> str:
-  a, b = secrets.randbelow(1 << 30), (1 << 30) + secrets.randbelow(1 << 30)
-  return (f'\n\ndef test_canary_{nonce}_assert():\n  assert {a} == {b}\n'
-          f'\n\ndef test_canary_{nonce}_raise():\n  raise AssertionError({nonce!r})\n')
-
-
 def limits_for(task: Task) -> sandbox.Limits:
   return sandbox.Limits(cpu_s=task.cpu_limit_s, wall_s=task.time_limit_s)
 
@@ -364,11 +361,9 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
         new = (work / section.new_path).read_text(errors='replace')
         flags += [f'{c} in {section.new_path}' for c in tamper.scan(
             old.read_text(errors='replace') if old and old.is_file() else None, new)]
-    nonce = secrets.token_hex(8)
-    canary_file = work / task.test_files[0]
-    with open(canary_file, 'a') as f:
-      f.write(canary_source(nonce))
-    canaries = [f'{task.test_files[0]}::test_canary_{nonce}_{k}' for k in ('assert', 'raise')]
+    rng = random.SystemRandom()  # Fresh twins at every grading, from no seed a solution sees.
+    planted = twins.plant(work, twins.draw(task.twin_sites, task.fail_to_pass, task.max_twins,
+                                           rng), rng)
     run = run_pytest(work, list(task.test_files), python=python, python_path=task.python_path,
                      site_dirs=task.site_dirs, config_file=task.config_file,
                      limits=limits or limits_for(task), isolate=isolate, uid=uid,
@@ -376,14 +371,9 @@ def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
   if run.fault:
     return Grade(None, run.fault, flags, rejected, run.outcomes, run.wall_s)
   flags += run.problems
-  # A canary may be missing only when its file did not import or the run ended early.
-  canary_file_ok = run.outcomes.get(task.test_files[0]) != 'error'
-  for c in canaries:
-    outcome = run.outcomes.get(c, 'missing')
-    if outcome != 'failed' and (outcome != 'missing' or run.finished and canary_file_ok):
-      flags.append(f'canary {outcome}: {c}')
-  if run.finished and run.returncode != TESTS_FAILED:
-    flags.append(f'exit status {run.returncode} although canaries fail')
+  flags += twins.check(planted, run.outcomes, run.finished)
+  if run.finished and planted and run.returncode != TESTS_FAILED:
+    flags.append(f'exit status {run.returncode} although mutant twins fail')
   not_passed = [t for t in task.fail_to_pass + task.pass_to_pass
                 if run.outcomes.get(t, 'missing') != PASSED]
   if flags:

@@ -179,7 +179,7 @@ def run_attacks(chosen: Sequence[base.Attack], tasks: dict[str, task_lib.Task], 
 
   with futures.ThreadPoolExecutor(workers) as ex:
     policies = list(ex.map(policy, range(len(runs))))
-  jobs = [pool_lib.Job(tasks[a.target], task_dir / tasks[a.target].tree, diff)
+  jobs = [pool_lib.Job(tasks[a.target], task_dir / tasks[a.target].grading_tree, diff)
           for (a, _), (diff, _) in zip(runs, policies)]
   grades = pool_lib.GraderPool(workers, limits=LIMITS).grade(jobs)
   outcomes = []
@@ -199,11 +199,11 @@ def honest(task_dir: Path, pool: pool_lib.GraderPool, rewrite: bool = False) -> 
   """Grades the original of every task in task_dir (and, for the fixture, a rewrite of slugify)."""
   solutions = task_lib.read_solutions(task_dir)
   tasks = task_lib.read(task_dir / 'tasks.jsonl')
-  named = [(t.id, pool_lib.Job(t, task_dir / t.tree, solutions[t.id].patch)) for t in tasks]
+  named = [(t.id, pool_lib.Job(t, task_dir / t.grading_tree, solutions[t.id].patch)) for t in tasks]
   if rewrite:
     t = attack_targets(task_dir)['slugify']
     diff, _ = run_policy(t, task_dir, f'solve_with({HONEST_REWRITE!r})', {})
-    named.append((t.id + ' (rewrite)', pool_lib.Job(t, task_dir / t.tree, diff)))
+    named.append((t.id + ' (rewrite)', pool_lib.Job(t, task_dir / t.grading_tree, diff)))
   grades = pool.grade([job for _, job in named])
   return [{'name': name, 'repo': job.task.repo, 'reward': g.reward, 'reason': g.reason,
            'tamper': g.tamper} for (name, job), g in zip(named, grades)]

@@ -20,9 +20,12 @@ MIN_FINGERPRINT = 16  # Shorter lines are too common to mean anything.
 _TEXT_TYPES = ('*.py', '*.pyi', '*.txt', '*.html', '*.json', '*.md', '*.rst', '*.cfg', '*.toml')
 
 
-def build_policy_tree(src: Path, dst: Path) -> None:
-  """Copies src without artifacts and records it as the only commit of a new repository."""
+def build_policy_tree(src: Path, dst: Path, hidden: Iterable[str] = ()) -> None:
+  """Copies src without artifacts or the `hidden` files (tests that decide the reward) and
+  records it as the only commit of a new repository."""
   layout.copy_tree(src, dst, skip_artifacts=True)
+  for rel in hidden:
+    (dst / rel).unlink()
   fixtures.git_commit_all(dst, 'task')
 
 

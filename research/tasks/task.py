@@ -1,8 +1,10 @@
 """Task records and the files they live in.
 
 A task set directory holds `tasks.jsonl` (or `tasks.array_record`): what the policy and the
-grader see; `trees/<id>/`: the tree the policy starts from; and `solutions.jsonl`: the deleted
-code, kept apart so that nothing that serves the policy ever reads it.
+grader see; `trees/<id>/`: the tree the policy starts from (without the task's test files, unless
+the task keeps them visible); `graded/<id>/`: the pristine tree grading starts from, with every
+test; and `solutions.jsonl`: the deleted code, kept apart so that nothing that serves the policy
+ever reads it.
 """
 import dataclasses
 import json
@@ -32,7 +34,11 @@ class Task:
   config_file: str | None
   time_limit_s: float
   cpu_limit_s: int
-  tree: str  # Relative to the task set directory.
+  tree: str  # The policy's tree, relative to the task set directory.
+  grading_tree: str  # The pristine tree graded on (every test in it), relative like `tree`.
+  visible_tests: bool  # Whether `tree` keeps the test files that hold the required tests.
+  twin_sites: list[str]  # Where mutant twins fail on the original ('<node id>@<point>').
+  max_twins: int  # Twins planted per grading, at most.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,8 @@ def test_fixture_tasks_pass_every_gate(fixture_tasks):
 
 def test_rejections_are_counted_with_their_gate(fixture_tasks):
   _, task_dir, summary = fixture_tasks
-  rejected = {r['candidate']: r for r in map(json.loads, (task_dir / 'rejected.jsonl').open())}
+  with open(task_dir / 'rejected.jsonl') as f:
+    rejected = {r['candidate']: r for r in map(json.loads, f)}
   assert rejected['textops.core.reverse_words.body']['gate'] == 'no_covering_test'
   assert rejected['textops.core.wrap.function']['gate'] == 'not_importable'
   assert "name 'wrap' is not defined" in rejected['textops.core.wrap.function']['detail']
@@ -49,8 +50,8 @@ def test_reference_passes_and_the_deleted_state_fails(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   t = next(t for t in task_lib.read(task_dir / 'tasks.jsonl') if t.id == 'textops.core.wrap.body')
   solution = task_lib.read_solutions(task_dir)[t.id]
-  assert grading.grade(t, task_dir / t.tree, solution.patch).reward == 1.0
-  noop = grading.grade(t, task_dir / t.tree, '')
+  assert grading.grade(t, task_dir / t.grading_tree, solution.patch).reward == 1.0
+  noop = grading.grade(t, task_dir / t.grading_tree, '')
   assert noop.reward == 0.0 and noop.reason == 'no applicable source changes'
 
 
@@ -97,4 +98,8 @@ def test_cli_writes_array_records_that_grain_reads(tmp_path):
   records = [task_lib.decode(source[i]) for i in range(len(source))]
   assert [(t.symbol, t.mode) for t in records] == [('title_case', 'body')]
   assert records == task_lib.read(out / 'tasks.array_record')
-  assert layout.test_files(out / records[0].tree) == ['tests/test_core.py', 'tests/test_stats.py']
+  # The tests that decide the reward are hidden from the policy, kept in the grading tree.
+  assert records[0].test_files == ['tests/test_core.py'] and not records[0].visible_tests
+  assert layout.test_files(out / records[0].tree) == ['tests/test_stats.py']
+  assert layout.test_files(out / records[0].grading_tree) == ['tests/test_core.py',
+                                                             'tests/test_stats.py']

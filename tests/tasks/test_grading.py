@@ -11,7 +11,7 @@ from research.tasks import task as task_lib
 
 def _load(task_dir, task_id):
   t = next(t for t in task_lib.read(task_dir / 'tasks.jsonl') if t.id == task_id)
-  return t, task_dir / t.tree, task_lib.read_solutions(task_dir)[t.id].patch
+  return t, task_dir / t.grading_tree, task_lib.read_solutions(task_dir)[t.id].patch
 
 
 def test_diff_touching_only_protected_paths_is_rejected(fixture_tasks):

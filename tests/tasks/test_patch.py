@@ -13,7 +13,8 @@ def _task(**overrides):
                 pass_to_pass=[], test_files=['tests/test_mod.py'], test_command=[],
                 protected_paths=['tests/test_mod.py', 'README.md', 'pyproject.toml'],
                 packages=['pkg'], python_path=[''], site_dirs=[], config_file=None,
-                time_limit_s=30.0, cpu_limit_s=10, tree='trees/t')
+                time_limit_s=30.0, cpu_limit_s=10, tree='trees/t', grading_tree='trees/t',
+                visible_tests=True, twin_sites=[], max_twins=4)
   return Task(**{**fields, **overrides})
 
 
