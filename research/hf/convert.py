@@ -93,6 +93,9 @@ def _nest(flat: dict[tuple[str, ...], object]) -> dict:
   return out
 
 
+# Bytes per value while a pack-quantized piece is dequantized or quantized (uint32 fields, float32
+# values, scales, products): pieces of such tensors are sized by this, not by the output dtype.
+_DEQUANT_BYTES = 16
 _FP8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
 
 
@@ -151,7 +154,12 @@ def _open_hf(hf_dir: str, ignore_fields: Iterable[str], ignore_tensors: Iterable
 
 
 def _pieces(src: _Source, r: weights.Rule, itemsize: int, piece_bytes: int):
-  """(HF rows or None for all, HF array) covering one tensor, in pieces along its piece axis."""
+  """(HF rows or None for all, HF array) covering one tensor, in pieces along its piece axis.
+
+  Pack-quantized pieces are sized by their dequantization's working set (_DEQUANT_BYTES a value).
+  """
+  if r.hf in src.layout.packed:
+    itemsize = max(itemsize, _DEQUANT_BYTES)
   n = r.piece_rows(itemsize, piece_bytes)
   if n >= r.hf_shape[0] or src.dtype(r.hf) in _FP8:
     yield None, src.read(r.hf)
@@ -187,27 +195,29 @@ def hf_to_orbax(hf_dir: str, ckpt_dir: str, *, ignore_fields: Iterable[str] = ()
       meta.update({_SOURCE_KEY: imp.config_json, _SKIPPED_KEY: list(imp.src.layout.skipped)})
     ocp.PyTreeCheckpointer(use_ocdbt=False).save(
         tmp, args=ocp.args.PyTreeSave(skeleton), custom_metadata=meta)
-    stores = _create_stores(tmp, imp.rules, leaves, dtype, piece_bytes)
+    stores = _create_stores(tmp, imp.rules, leaves, dtype, piece_bytes, imp.src.layout.packed)
     written = _stream(imp, stores, dtype, piece_bytes)
     for leaf, shape in leaves.items():  # Every element of every leaf came from exactly one tensor.
       assert written[leaf] == int(np.prod(shape)), (leaf, written[leaf], shape)
   return cfg
 
 
-def _create_stores(tmp: str, rs: list[weights.Rule], leaves, dtype: np.dtype, piece_bytes: int) -> dict:
-  """One zarr array per leaf, chunked like the writes."""
+def _create_stores(tmp: str, rs: list[weights.Rule], leaves, dtype: np.dtype, piece_bytes: int,
+                   packed: frozenset[str]) -> dict:
+  """One zarr array per leaf, chunked like the writes (_pieces)."""
   first = {}
   for r in rs:
     first.setdefault(r.leaf, r)
   # One data-copy thread: writes are issued one at a time anyway, and fewer threads hold fewer
   # malloc arenas (research/hf/malloc.py).
   context = ts.Context({'data_copy_concurrency': {'limit': 1}})
+  itemsize = lambda r: max(dtype.itemsize, _DEQUANT_BYTES) if r.hf in packed else dtype.itemsize
   stores = {}
   for leaf, shape in leaves.items():
     stores[leaf] = ts.open(
         {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': os.path.join(tmp, '.'.join(leaf))},
          'metadata': {'compressor': {'id': 'zstd', 'level': 1},
-                      'chunks': _chunks(first[leaf], shape, dtype.itemsize, piece_bytes)}},
+                      'chunks': _chunks(first[leaf], shape, itemsize(first[leaf]), piece_bytes)}},
         create=True, delete_existing=True, dtype=ts.dtype(dtype.name), shape=shape,
         context=context).result()
   return stores
@@ -321,7 +331,8 @@ def orbax_to_hf(ckpt_dir: str, out_dir: str, *, cfg: ModelConfig | None = None,
 
   def logical_pieces(name):
     group = sorted(by_name[name], key=lambda r: r.rows or (0, 0))  # gate rows before up rows.
-    n, total = group[0].piece_rows(out_dtype.itemsize, piece_bytes), group[0].hf_shape[0]
+    itemsize = max(out_dtype.itemsize, _DEQUANT_BYTES) if name in layout.packed else out_dtype.itemsize
+    n, total = group[0].piece_rows(itemsize, piece_bytes), group[0].hf_shape[0]
     for rows in [None] if n >= total else [slice(r0, min(r0 + n, total)) for r0 in range(0, total, n)]:
       hf_parts = [r.to_hf(stores[r.leaf][r.piece_index(rows)].read().result()) for r in group]
       yield hf_parts[0] if len(hf_parts) == 1 else np.concatenate(hf_parts, axis=-2)

@@ -28,9 +28,11 @@ from compressed_tensors.quantization.utils.helpers import calculate_qparams
 from compressed_tensors.utils.match import match_name
 from safetensors.torch import load_file, save_file
 
-from research.hf import config_map, convert
+from experiments.benchmarks import convert_memory
+from research.hf import config_map, convert, kimi_k25, safetensors_io, weights
 from research.hf import pack_quantized as pq
 from research.model import decode, transformer
+from research.model.config import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = 1e-4
@@ -299,3 +301,47 @@ def test_kimi_k25_quantized_where_ignore_says(k25, tmp_path):
   (bad / 'config.json').write_text(json.dumps(config_json))
   with pytest.raises(ValueError, match=r'experts\.5\.down_proj.*pack-quantized.*ignore'):
     convert.hf_to_orbax(str(bad), str(tmp_path / 'ckpt'))
+
+
+def synthetic_k25(path, shard_bytes: int, num_layers: int) -> dict:
+  """A bigger K2.5-format folder (random INT4 experts, bfloat16 rest) for the memory bound."""
+  cfg = ModelConfig(vocab_size=8192, d_model=512, num_layers=num_layers, num_heads=4, attention='mla', q_lora_rank=64,
+                    kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, d_ff=1024,
+                    first_k_dense=1, num_experts=32, num_experts_per_tok=4, d_expert=256, num_shared_experts=1,
+                    router='sigmoid', param_dtype='bfloat16', dtype='bfloat16')
+  bf16 = np.dtype(ml_dtypes.bfloat16)
+  rules = weights.rules(cfg)
+  layout = kimi_k25.Layout.for_export(kimi_k25.PREFIX, SCHEME, rules)
+  shapes = {n: r[0].hf_shape for n, r in weights.by_hf_name(rules).items()}
+  plan = layout.export_plan([(n, shape, bf16) for n, shape in shapes.items()])
+  rng = np.random.default_rng(0)
+
+  def tensor(name):
+    shape, dtype, part = next((p[1], p[2], p[4]) for p in plan if p[0] == name)
+    if part == pq.SHAPE:
+      return [np.asarray(shapes[name[len(kimi_k25.PREFIX):-len(pq.SHAPE)] + 'weight'], np.int64)]
+    if part == pq.PACKED:
+      return [rng.integers(-2**31, 2**31, shape, dtype=np.int64).astype(np.int32)]
+    return [(rng.random(shape, np.float32) * 0.02).astype(dtype)]
+
+  os.makedirs(path)
+  weight_map = safetensors_io.write_folder(str(path), safetensors_io.plan_shards([p[:3] for p in plan], shard_bytes),
+                                           tensor)
+  text_json = {**config_map.to_hf(cfg, 'bfloat16'), 'quantization_config': QUANT_JSON}
+  (path / 'config.json').write_text(json.dumps(_container(text_json)))
+  sizes = [os.path.getsize(path / n) for n in set(weight_map.values())]
+  return {'folder_bytes': sum(sizes), 'largest_shard_bytes': max(sizes), 'shards': len(sizes)}
+
+
+def test_kimi_k25_streaming_memory_under_twice_the_largest_shard(tmp_path):
+  info = synthetic_k25(tmp_path / 'k25', 12 << 20, num_layers=8)
+  assert info['shards'] >= 4
+  for direction, src, dst in (('import', 'k25', 'ckpt'), ('export', 'ckpt', 'out')):
+    m = convert_memory.measure(direction, str(tmp_path / src), str(tmp_path / dst), 12 << 20)
+    ratio = m['above_baseline_bytes'] / info['largest_shard_bytes']
+    print(f'kimi_k25 {direction}: {m["above_baseline_bytes"] / 2**20:.1f} MiB above baseline = {ratio:.2f}x '
+          f'the largest shard ({info["largest_shard_bytes"] / 2**20:.1f} MiB; folder '
+          f'{info["folder_bytes"] / 2**20:.1f} MiB in {info["shards"]} shards; {m["seconds"]:.1f}s)')
+    assert ratio < 2, (direction, m, info)
+  assert sorted(safetensors_io.Folder(str(tmp_path / 'out')).weight_map) == sorted(
+      safetensors_io.Folder(str(tmp_path / 'k25')).weight_map)
