@@ -245,8 +245,8 @@ def _stream(imp: _Import, stores: dict, dtype: np.dtype, piece_bytes: int) -> di
 
 def read_hf_source(ckpt_dir: str) -> tuple[dict | None, list[str]]:
   """(source config.json, skipped tensors) kept by hf_to_orbax for containers / quantized folders."""
-  meta = ocp.PyTreeCheckpointer().metadata(epath.Path(ckpt_dir)).custom_metadata or {}
-  return meta.get(_SOURCE_KEY), list(meta.get(_SKIPPED_KEY, []))
+  meta_json = ocp.PyTreeCheckpointer().metadata(epath.Path(ckpt_dir)).custom_metadata or {}
+  return meta_json.get(_SOURCE_KEY), list(meta_json.get(_SKIPPED_KEY, []))
 
 
 def read_model_config(ckpt_dir: str) -> ModelConfig:

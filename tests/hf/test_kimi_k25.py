@@ -131,6 +131,16 @@ def test_unsupported_scheme_named(field, value, msg):
     pq.Scheme.from_json(qc)
 
 
+def test_kimi_k25_container_errors_named():
+  with pytest.raises(config_map.UnsupportedConfigError, match='text_config'):
+    config_map.from_hf({'model_type': 'kimi_k25', 'vision_config': {}})
+  bad = _container({**config_map.to_hf(ModelConfig(attention='mla', router='sigmoid', q_lora_rank=8,
+                                                    kv_lora_rank=8, num_shared_experts=1).validate())})
+  bad['text_config']['quantization_config'] = {**QUANT_JSON, 'format': 'float-quantized'}
+  with pytest.raises(pq.QuantizationConfigError, match='format'):
+    config_map.from_hf(bad)
+
+
 # ---- a tiny K2.5 checkpoint ----
 
 def _model():
