@@ -14,17 +14,16 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from research.hf import pack_quantized as pq
-from research.hf import weights
-
 import numpy as np
 
-from research.hf import config_map
+from research.hf import config_map, weights
+from research.hf import pack_quantized as pq
+
 PREFIX = 'language_model.'
 SKIPPED_PREFIXES = ('vision_tower.', 'mm_projector.')  # Not converted: the model is text-only.
 
 
-def split_container(config_json: Mapping[str, Any]) -> tuple[dict, str]:
+def split_container(config_json: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
   """config.json -> (the language model's config, stored-name prefix); a plain config passes through."""
   text_json = config_map.text_config(config_json)
   return text_json, (PREFIX if text_json is not config_json else '')
