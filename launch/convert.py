@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out (Qwen3-MoE, DeepSeek-V3 / Kimi K2), streaming shard by shard.
+"""Hugging Face checkpoints in and out (Qwen3-MoE, DeepSeek-V3 / Kimi K2 / K2.5), streaming shard by shard.
 
 Import (writes an orbax params checkpoint and our model config as JSON):
 python -m launch.convert --from_hf=/data/Qwen3-30B-A3B --to=/ckpt/qwen3_30b --config_out=/ckpt/qwen3_30b.json
@@ -44,6 +44,13 @@ def main(argv):
       config_map.save_model_config(cfg, _CONFIG_OUT.value)
     print(f'imported {_FROM_HF.value} -> {_TO.value} in {time.perf_counter() - t0:.1f}s'
           + (f'; model config in {_CONFIG_OUT.value}' if _CONFIG_OUT.value else ''))
+    source, skipped = convert.read_hf_source(_TO.value)
+    if skipped:
+      print(f'vision tower not converted (the model is text-only): {len(skipped)} tensors skipped: '
+            + ', '.join(skipped))
+    if source and config_map.multimodal_fields(source):
+      print('multimodal config fields kept in the checkpoint metadata (convert.read_hf_source): '
+            + ', '.join(sorted(config_map.multimodal_fields(source))))
   elif _FROM_CKPT.value:
     if not _TO_HF.value:
       raise app.UsageError('--from_ckpt needs --to_hf')

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from research.hf import pack_quantized as pq
 from research.model.config import ModelConfig, from_dict
 
 QWEN3_MOE = 'qwen3_moe'
@@ -19,6 +20,8 @@ DEEPSEEK_V3 = 'deepseek_v3'
 MODEL_TYPES = {QWEN3_MOE: QWEN3_MOE, DEEPSEEK_V3: DEEPSEEK_V3, 'kimi_k2': DEEPSEEK_V3}
 ARCHITECTURES = {QWEN3_MOE: 'Qwen3MoeForCausalLM', DEEPSEEK_V3: 'DeepseekV3ForCausalLM'}
 ROPE_TYPES = ('default', 'yarn')
+# Multimodal containers: the language model's config is `text_config` (with its quantization_config).
+CONTAINERS = ('kimi_k25',)
 
 # Fields that do not change the logits: generation ids, training-only knobs, bookkeeping.
 HARMLESS = frozenset({
@@ -94,10 +97,27 @@ def _rope(hf: Mapping[str, Any], family: str) -> dict:
   return out
 
 
+def text_config(config_json: Mapping[str, Any]) -> Mapping[str, Any]:
+  """The language model's config: a container's `text_config`, else config.json itself."""
+  if config_json.get('model_type') not in CONTAINERS:
+    return config_json
+  if not isinstance(config_json.get('text_config'), Mapping):
+    _err('text_config', config_json.get('text_config'),
+         f'model_type {config_json["model_type"]!r} is a container; its text_config object is needed')
+  return config_json['text_config']
+
+
+def multimodal_fields(config_json: Mapping[str, Any]) -> dict:
+  """A container's fields other than text_config (vision_config, media tokens); {} for a plain one."""
+  if text_config(config_json) is config_json:
+    return {}
+  return {k: v for k, v in config_json.items() if k != 'text_config'}
+
+
 def fp8_block_size(hf: Mapping[str, Any]) -> tuple[int, int] | None:
-  """The weight tile of a block-fp8 checkpoint (DeepSeek-V3, Kimi K2), None when not quantized."""
+  """The weight tile of a block-fp8 checkpoint (DeepSeek-V3, Kimi K2), None when not fp8."""
   q = hf.get('quantization_config')
-  if not q:
+  if not q or q.get('quant_method') == pq.QUANT_METHOD:  # Pack-quantized INT: research/hf/pack_quantized.
     return None
   if q.get('quant_method') != 'fp8':
     _err('quantization_config.quant_method', q.get('quant_method'),
@@ -134,8 +154,10 @@ class _Reader:
 def from_hf(hf: Mapping[str, Any], ignore_fields: Iterable[str] = ()) -> ModelConfig:
   """A parsed config.json -> ModelConfig (architecture fields; training knobs keep their defaults).
 
-  Raises UnsupportedConfigError naming the field for anything our model would compute differently.
+  A multimodal container (Kimi K2.5) maps its text_config. Raises UnsupportedConfigError naming the
+  field for anything our model would compute differently.
   """
+  container, hf = hf, text_config(hf)
   model_type = hf.get('model_type')
   if model_type not in MODEL_TYPES:
     _err('model_type', model_type, f'unsupported; supported: {sorted(MODEL_TYPES)}')
@@ -143,7 +165,8 @@ def from_hf(hf: Mapping[str, Any], ignore_fields: Iterable[str] = ()) -> ModelCo
   r = _Reader(hf, ignore_fields)
   d = _common_fields(r, family)
   d.update(_qwen3_fields(r, d) if family == QWEN3_MOE else _deepseek_fields(r, d))
-  fp8_block_size(hf)
+  if fp8_block_size(hf) is None and hf.get('quantization_config'):
+    pq.Scheme.from_json(hf['quantization_config'])  # Names a compressed-tensors field we cannot read.
   unknown = sorted(set(hf) - r.read)
   if unknown:
     _err(unknown[0], hf[unknown[0]], f'field not understood for model_type={model_type!r} (it may change '
@@ -151,7 +174,7 @@ def from_hf(hf: Mapping[str, Any], ignore_fields: Iterable[str] = ()) -> ModelCo
   missing = sorted(k for k, v in d.items() if v is None)
   if missing:
     _err(missing[0], None, 'required field missing')
-  dtype = _dtype(hf)
+  dtype = _dtype(hf, container)
   return ModelConfig(**d, param_dtype=dtype, dtype=dtype).validate()
 
 
@@ -211,11 +234,13 @@ def _deepseek_fields(r: _Reader, d: dict) -> dict:
               routed_scaling_factor=float(r.take('routed_scaling_factor', 1.0)))
 
 
-def _dtype(hf: Mapping[str, Any]) -> str:
-  """Parameter dtype: the checkpoint's when it is float32 or bfloat16, else float32."""
-  dtype = str(hf.get('torch_dtype', hf.get('dtype', 'float32')) or 'float32')
-  if hf.get('quantization_config'):
-    dtype = 'bfloat16'  # Quantized weights are dequantized to bfloat16 on import.
+def _dtype(hf: Mapping[str, Any], container: Mapping[str, Any]) -> str:
+  """Parameter dtype: the checkpoint's (text_config's, else the container's) when it is float32 or
+  bfloat16, else float32."""
+  default = container.get('torch_dtype', container.get('dtype', 'float32'))
+  dtype = str(hf.get('torch_dtype', hf.get('dtype', default)) or 'float32')
+  if fp8_block_size(hf):
+    dtype = 'bfloat16'  # fp8 weights are dequantized to bfloat16 on import (INT4 ones to the dtype).
   return dtype if dtype in ('float32', 'bfloat16') else 'float32'
 
 

@@ -28,7 +28,8 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from research.hf import config_map, weights
+from research.hf import config_map, kimi_k25, weights
+from research.hf import pack_quantized as pq
 from research.hf import safetensors_io as st
 from research.model import transformer
 from research.model.config import ModelConfig
@@ -37,6 +38,7 @@ from research.parallel import sharding
 PIECE_BYTES = 64 << 20   # Big tensors are read / written in row pieces of at most this size.
 CHUNK_BYTES = 64 << 20   # Upper bound on a zarr chunk of a block converted whole.
 _META_KEY = 'model_config'
+_SOURCE_KEY, _SKIPPED_KEY = 'hf_source_config', 'hf_skipped_tensors'
 # Files a serving stack wants next to the weights; export copies them from the original folder.
 SIDE_FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'tokenizer.model',
               'generation_config.json', 'chat_template.jinja', 'vocab.json', 'merges.txt')
@@ -91,17 +93,29 @@ def _nest(flat: dict[tuple[str, ...], object]) -> dict:
   return out
 
 
+# Bytes per value while a pack-quantized piece is dequantized or quantized (uint32 fields, float32
+# values, scales, products): pieces of such tensors are sized by this, not by the output dtype.
+_DEQUANT_BYTES = 16
 _FP8 = (np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
 
 
 class _Source:
-  """Reads HF tensors for the rules: whole or rows of them; fp8 blocks come back dequantized."""
+  """Reads HF tensors by logical name: whole or rows; fp8 and pack-quantized ones come back dequantized."""
 
-  def __init__(self, folder: st.Folder, fp8_block: tuple[int, int] | None):
-    self.folder, self.fp8_block = folder, fp8_block
+  def __init__(self, folder: st.Folder, layout: kimi_k25.Layout, fp8_block: tuple[int, int] | None):
+    self.folder, self.layout, self.fp8_block = folder, layout, fp8_block
 
-  def read(self, name: str, start=None, stop=None) -> np.ndarray:
+  def dtype(self, logical: str) -> np.dtype:
+    name = self.layout.stored[logical]
+    return self.folder.shard_of(name).dtype(name)
+
+  def read(self, logical: str, start=None, stop=None) -> np.ndarray:
+    name = self.layout.stored[logical]
     x = self.folder.read(name, start, stop)
+    if logical in self.layout.packed:
+      shape = tuple(int(n) for n in self.folder.read(self.layout.part(logical, pq.SHAPE)))
+      scale = self.folder.read(self.layout.part(logical, pq.SCALE), start, stop)
+      return pq.dequantize(x, scale, shape[1], self.layout.scheme)
     if x.dtype in _FP8:
       scale = name + '_scale_inv'
       if self.fp8_block is None or scale not in self.folder.weight_map or x.ndim != 2:
@@ -110,32 +124,44 @@ class _Source:
     return x
 
 
-def _check_folder(folder: st.Folder, rs: list[weights.Rule], cfg: ModelConfig, ignore_tensors):
-  shapes = {n: folder.shape(n) for n in folder.weight_map}
-  weights.check(rs, shapes, cfg, ignore_tensors)
+@dataclasses.dataclass(frozen=True)
+class _Import:
+  cfg: ModelConfig
+  folder: st.Folder
+  rules: list[weights.Rule]
+  src: _Source
+  config_json: dict  # The folder's config.json (a container's multimodal fields kept in metadata).
 
 
-def _open_hf(hf_dir: str, ignore_fields: Iterable[str], ignore_tensors: Iterable[str]):
+def _open_hf(hf_dir: str, ignore_fields: Iterable[str], ignore_tensors: Iterable[str]) -> _Import:
   path = os.path.join(hf_dir, 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(f'{path} not found: not a Hugging Face checkpoint folder')
   with open(path) as f:
-    hf = json.load(f)
-  cfg = config_map.from_hf(hf, ignore_fields)
+    config_json = json.load(f)
+  cfg = config_map.from_hf(config_json, ignore_fields)
+  text_json, prefix = kimi_k25.split_container(config_json)
   folder = st.Folder(hf_dir)
+  layout = kimi_k25.Layout.of(list(folder.weight_map), prefix, kimi_k25.scheme_of(text_json))
   ignore = list(ignore_tensors)
-  tied = bool(hf.get('tie_word_embeddings', False))
+  tied = bool(text_json.get('tie_word_embeddings', False))
   if tied:
     ignore.append('lm_head.weight')  # transformers ties it to the embedding whatever the file holds.
-  rs = weights.rules(cfg, weights.detect_layout(folder.weight_map, cfg), tied_embeddings=tied)
-  _check_folder(folder, rs, cfg, ignore)
-  return cfg, folder, rs, _Source(folder, config_map.fp8_block_size(hf))
+  rs = weights.rules(cfg, weights.detect_layout(layout.stored, cfg), tied_embeddings=tied)
+  weights.check(rs, layout.shapes(folder.shape), cfg, ignore)
+  layout.check_quantized([n for n in kimi_k25.linear_weights(rs) if n in layout.stored])
+  return _Import(cfg, folder, rs, _Source(folder, layout, config_map.fp8_block_size(text_json)), config_json)
 
 
 def _pieces(src: _Source, r: weights.Rule, itemsize: int, piece_bytes: int):
-  """(HF rows or None for all, HF array) covering one tensor, in pieces along its piece axis."""
+  """(HF rows or None for all, HF array) covering one tensor, in pieces along its piece axis.
+
+  Pack-quantized pieces are sized by their dequantization's working set (_DEQUANT_BYTES a value).
+  """
+  if r.hf in src.layout.packed:
+    itemsize = max(itemsize, _DEQUANT_BYTES)
   n = r.piece_rows(itemsize, piece_bytes)
-  if n >= r.hf_shape[0] or src.folder.shard_of(r.hf).dtype(r.hf) in _FP8:
+  if n >= r.hf_shape[0] or src.dtype(r.hf) in _FP8:
     yield None, src.read(r.hf)
     return
   for r0 in range(0, r.hf_shape[0], n):
@@ -154,47 +180,73 @@ def hf_to_orbax(hf_dir: str, ckpt_dir: str, *, ignore_fields: Iterable[str] = ()
   """Converts a Hugging Face folder to an orbax params checkpoint; returns the model config.
 
   Fails before writing anything on an unsupported config field or a missing / misshapen / unused
-  tensor, naming it.
+  tensor, naming it. A container's multimodal config fields and the tensors not converted (vision
+  tower, projector) are kept in the checkpoint's metadata (read_hf_source).
   """
-  cfg, folder, rs, src = _open_hf(hf_dir, ignore_fields, ignore_tensors)
+  imp = _open_hf(hf_dir, ignore_fields, ignore_tensors)
+  cfg, folder = imp.cfg, imp.folder
   dtype = _np_dtype(cfg.param_dtype)
   piece_bytes = piece_bytes or _piece_bytes(max(folder.shard_sizes().values()))
   leaves = weights.leaf_shapes(cfg)
-  first = {}
-  for r in rs:
-    first.setdefault(r.leaf, r)
-  by_name = weights.by_hf_name(rs)
   with folder, _atomic_dir(ckpt_dir, overwrite, create=False) as tmp:
     skeleton = _nest({k: np.zeros((1,), dtype) for k in leaves})
+    meta = {_META_KEY: dataclasses.asdict(cfg)}
+    if imp.src.layout.prefix or imp.src.layout.scheme:
+      meta.update({_SOURCE_KEY: imp.config_json, _SKIPPED_KEY: list(imp.src.layout.skipped)})
     ocp.PyTreeCheckpointer(use_ocdbt=False).save(
-        tmp, args=ocp.args.PyTreeSave(skeleton),
-        custom_metadata={_META_KEY: dataclasses.asdict(cfg)})
-    # One data-copy thread: writes are issued one at a time anyway, and fewer threads hold fewer
-    # malloc arenas (research/hf/malloc.py).
-    context = ts.Context({'data_copy_concurrency': {'limit': 1}})
-    stores = {}
-    for leaf, shape in leaves.items():
-      stores[leaf] = ts.open(
-          {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': os.path.join(tmp, '.'.join(leaf))},
-           'metadata': {'compressor': {'id': 'zstd', 'level': 1},
-                        'chunks': _chunks(first[leaf], shape, dtype.itemsize, piece_bytes)}},
-          create=True, delete_existing=True, dtype=ts.dtype(dtype.name), shape=shape,
-          context=context).result()
-    written = dict.fromkeys(leaves, 0)
-    for shard in folder.shards:  # Shard by shard, each in file order.
-      for name in folder.reader(shard).keys():
-        if name not in by_name:
-          continue
-        for rows, x in _pieces(src, by_name[name][0], dtype.itemsize, piece_bytes):
-          for r in by_name[name]:
-            block = r.to_ours(x).astype(dtype, copy=False)
-            stores[r.leaf][r.piece_index(rows)].write(block).result()
-            written[r.leaf] += block.size
-          del x, block
-      folder.release(shard)
+        tmp, args=ocp.args.PyTreeSave(skeleton), custom_metadata=meta)
+    stores = _create_stores(tmp, imp.rules, leaves, dtype, piece_bytes, imp.src.layout.packed)
+    written = _stream(imp, stores, dtype, piece_bytes)
     for leaf, shape in leaves.items():  # Every element of every leaf came from exactly one tensor.
       assert written[leaf] == int(np.prod(shape)), (leaf, written[leaf], shape)
   return cfg
+
+
+def _create_stores(tmp: str, rs: list[weights.Rule], leaves, dtype: np.dtype, piece_bytes: int,
+                   packed: frozenset[str]) -> dict:
+  """One zarr array per leaf, chunked like the writes (_pieces)."""
+  first = {}
+  for r in rs:
+    first.setdefault(r.leaf, r)
+  # One data-copy thread: writes are issued one at a time anyway, and fewer threads hold fewer
+  # malloc arenas (research/hf/malloc.py).
+  context = ts.Context({'data_copy_concurrency': {'limit': 1}})
+  itemsize = lambda r: max(dtype.itemsize, _DEQUANT_BYTES) if r.hf in packed else dtype.itemsize
+  stores = {}
+  for leaf, shape in leaves.items():
+    stores[leaf] = ts.open(
+        {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': os.path.join(tmp, '.'.join(leaf))},
+         'metadata': {'compressor': {'id': 'zstd', 'level': 1},
+                      'chunks': _chunks(first[leaf], shape, itemsize(first[leaf]), piece_bytes)}},
+        create=True, delete_existing=True, dtype=ts.dtype(dtype.name), shape=shape,
+        context=context).result()
+  return stores
+
+
+def _stream(imp: _Import, stores: dict, dtype: np.dtype, piece_bytes: int) -> dict:
+  """Shard by shard, each in file order, piece by piece into the stores; returns elements per leaf."""
+  by_name = weights.by_hf_name(imp.rules)
+  logical_of = {stored: logical for logical, stored in imp.src.layout.stored.items()}
+  written = dict.fromkeys(stores, 0)
+  for shard in imp.folder.shards:
+    for name in imp.folder.reader(shard).keys():
+      logical = logical_of.get(name)  # None: a weight_scale / weight_shape (read with its weight), skipped.
+      if logical not in by_name:
+        continue
+      for rows, x in _pieces(imp.src, by_name[logical][0], dtype.itemsize, piece_bytes):
+        for r in by_name[logical]:
+          block = r.to_ours(x).astype(dtype, copy=False)
+          stores[r.leaf][r.piece_index(rows)].write(block).result()
+          written[r.leaf] += block.size
+        del x, block
+    imp.folder.release(shard)
+  return written
+
+
+def read_hf_source(ckpt_dir: str) -> tuple[dict | None, list[str]]:
+  """(source config.json, skipped tensors) kept by hf_to_orbax for containers / quantized folders."""
+  meta_json = ocp.PyTreeCheckpointer().metadata(epath.Path(ckpt_dir)).custom_metadata or {}
+  return meta_json.get(_SOURCE_KEY), list(meta_json.get(_SKIPPED_KEY, []))
 
 
 def read_model_config(ckpt_dir: str) -> ModelConfig:
@@ -257,34 +309,97 @@ def orbax_to_hf(ckpt_dir: str, out_dir: str, *, cfg: ModelConfig | None = None,
   expert_layout: 'per_expert' (what checkpoints on the Hub and serving stacks use) or 'fused'
   (transformers 5's in-memory layout). subtree: path of the params inside the checkpoint (e.g.
   ('params',) for a train state). copy_from: an HF folder whose tokenizer / generation files to copy.
+  A Kimi K2.5 container or compressed-tensors source (copy_from's config.json, else the one kept at
+  import) is written back in its own format: its config.json, prefixed names, the Linear weights its
+  scheme targets re-quantized, and copy_from's vision tower / projector tensors copied unchanged.
   """
   cfg = cfg or read_model_config(ckpt_dir)
   out_dtype = _np_dtype(dtype or cfg.param_dtype)
   rs = weights.rules(cfg, expert_layout)
   by_name = weights.by_hf_name(rs)
   stores = _open_leaves(ckpt_dir, weights.leaf_shapes(cfg), tuple(subtree))
-  specs = [(n, r[0].hf_shape, out_dtype) for n, r in by_name.items()]
-  shards = st.plan_shards(specs, max_shard_bytes)
-
+  source_json = _export_source(ckpt_dir, cfg, copy_from, expert_layout)
+  text_json, prefix = kimi_k25.split_container(source_json or {})
+  layout = kimi_k25.Layout.for_export(prefix, kimi_k25.scheme_of(text_json), rs)
+  plan = layout.export_plan([(n, r[0].hf_shape, out_dtype) for n, r in by_name.items()])
+  parts = {p[0]: p[3:] for p in plan}
+  copied = _copied_tensors(copy_from) if prefix else {}
+  scale_dtype = _scale_dtype(copy_from, out_dtype)
+  plan = [p if p[4] != pq.SCALE else (p[0], p[1], scale_dtype, *p[3:]) for p in plan]
+  shards = st.plan_shards([p[:3] for p in plan] + [(n, *v) for n, v in copied.items()], max_shard_bytes)
   piece_bytes = piece_bytes or _piece_bytes(max_shard_bytes)
 
-  def pieces(name):
+  def logical_pieces(name):
     group = sorted(by_name[name], key=lambda r: r.rows or (0, 0))  # gate rows before up rows.
-    n, total = group[0].piece_rows(out_dtype.itemsize, piece_bytes), group[0].hf_shape[0]
+    itemsize = max(out_dtype.itemsize, _DEQUANT_BYTES) if name in layout.packed else out_dtype.itemsize
+    n, total = group[0].piece_rows(itemsize, piece_bytes), group[0].hf_shape[0]
     for rows in [None] if n >= total else [slice(r0, min(r0 + n, total)) for r0 in range(0, total, n)]:
-      parts = [r.to_hf(stores[r.leaf][r.piece_index(rows)].read().result()) for r in group]
-      x = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)
-      yield x.astype(out_dtype, copy=False)
+      hf_parts = [r.to_hf(stores[r.leaf][r.piece_index(rows)].read().result()) for r in group]
+      yield hf_parts[0] if len(hf_parts) == 1 else np.concatenate(hf_parts, axis=-2)
+
+  def pieces(stored):
+    if stored in copied:
+      with st.Folder(copy_from) as source:
+        yield source.read(stored)
+      return
+    logical, part = parts[stored]
+    if part == pq.SHAPE:
+      yield np.asarray(by_name[logical][0].hf_shape, np.int64)
+      return
+    for x in logical_pieces(logical):
+      yield layout.encode(x, part, scale_dtype if part == pq.SCALE else out_dtype)
 
   with _atomic_dir(out_dir, overwrite, create=True) as tmp:
     st.write_folder(tmp, shards, pieces)
     with open(os.path.join(tmp, 'config.json'), 'w') as f:
-      json.dump(config_map.to_hf(cfg, 'bfloat16' if out_dtype == np.dtype(ml_dtypes.bfloat16)
-                                 else out_dtype.name), f, indent=2)
+      json.dump(source_json or config_map.to_hf(
+          cfg, 'bfloat16' if out_dtype == np.dtype(ml_dtypes.bfloat16) else out_dtype.name), f, indent=2)
     for name in SIDE_FILES if copy_from else ():
       if os.path.exists(os.path.join(copy_from, name)):
         shutil.copy(os.path.join(copy_from, name), tmp)
   return out_dir
+
+
+def _export_source(ckpt_dir: str, cfg: ModelConfig, copy_from: str | None, expert_layout: str) -> dict | None:
+  """The config.json to export under when the source was a container or pack-quantized, else None.
+
+  Taken from copy_from, else from the import's metadata; it must describe the same architecture.
+  """
+  path = os.path.join(copy_from or '', 'config.json')
+  if copy_from and os.path.exists(path):
+    with open(path) as f:
+      source_json = json.load(f)
+  else:
+    source_json, _ = read_hf_source(ckpt_dir)
+  text_json = config_map.text_config(source_json or {})
+  if not source_json or (text_json is source_json and not kimi_k25.scheme_of(text_json)):
+    return None
+  if config_map.to_hf(config_map.from_hf(source_json), 'float32') != config_map.to_hf(cfg, 'float32'):
+    raise ValueError(f'{path if copy_from else ckpt_dir}: the source config.json describes another '
+                     'architecture than the checkpoint\'s model config')
+  if expert_layout != weights.PER_EXPERT:
+    raise ValueError(f'expert_layout={expert_layout!r}: a pack-quantized / Kimi K2.5 export stores '
+                     'experts per expert')
+  return source_json
+
+
+def _scale_dtype(copy_from: str | None, out_dtype: np.dtype) -> np.dtype:
+  """weight_scale's dtype: the source folder's (copy_from), else the exported weights' dtype."""
+  if copy_from and os.path.exists(os.path.join(copy_from, 'config.json')):
+    with st.Folder(copy_from) as folder:
+      for name in folder.weight_map:
+        if name.endswith('.' + pq.SCALE):
+          return folder.shard_of(name).dtype(name)
+  return out_dtype
+
+
+def _copied_tensors(copy_from: str | None) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """Tensors copied unchanged into a container export (vision tower, projector), with shape and dtype."""
+  if not copy_from:
+    return {}
+  with st.Folder(copy_from) as folder:
+    return {n: (folder.shape(n), folder.shard_of(n).dtype(n)) for n in folder.weight_map
+            if n.startswith(kimi_k25.SKIPPED_PREFIXES)}
 
 
 def hf_to_mesh(hf_dir: str, mesh, *, ignore_fields: Iterable[str] = (),
@@ -294,7 +409,8 @@ def hf_to_mesh(hf_dir: str, mesh, *, ignore_fields: Iterable[str] = (),
   Each device's callback reads only the layers (and experts) its shard holds; within one layer's
   matrix it reads the whole HF tensor and keeps its slice. Returns (params, cfg).
   """
-  cfg, folder, rs, src = _open_hf(hf_dir, ignore_fields, ignore_tensors)
+  imp = _open_hf(hf_dir, ignore_fields, ignore_tensors)
+  cfg, folder, rs, src = imp.cfg, imp.folder, imp.rules, imp.src
   dtype = _np_dtype(cfg.param_dtype)
   targets = param_targets(cfg, mesh, rules)
   per_leaf: dict[tuple[str, ...], dict] = {}
