@@ -210,10 +210,9 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   config = {'pytest_args': pytest_args, 'marker': marker, 'tree': str(tree),
             'test_dirs': sorted(layout.TEST_DIRS),
             'prepend_path': [str(tree / p) if p else str(tree) for p in python_path],
-            'append_path': list(site_dirs)}
-  if coverage_source:
-    config['coverage_file'] = str(out / '.coverage')
-    config['coverage_source'] = [str(tree / s) for s in coverage_source]
+            'append_path': list(site_dirs),
+            'coverage_file': str(out / '.coverage') if coverage_source else None,
+            'coverage_source': [str(tree / s) for s in coverage_source or ()]}
   # pytest's own summary, printed last, must survive the output cut for the cross-check.
   limits = dataclasses.replace(limits, output_kb=max(limits.output_kb, _OUTPUT_KB))
   done, report, problems = _sandboxed(

@@ -193,26 +193,26 @@ _REPORTER = Reporter
 
 def main():
   with open(sys.argv[1]) as f:
-    config = json.load(f)
-  fd = config['report_fd']
+    job = json.load(f)  # What the harness asks for (grading.run_pytest writes every key).
+  fd = job['report_fd']
   os.set_inheritable(fd, False)  # Not into processes the tests start.
   # First bytes of the output: the grader's proof that the runner started (output is a pipe).
-  os.write(1, config['marker'].encode() + b'\n')
+  os.write(1, job['marker'].encode() + b'\n')
   sys.dont_write_bytecode = True
-  sys.path[:0] = config['prepend_path']
-  sys.path.extend(config['append_path'])
+  sys.path[:0] = job['prepend_path']
+  sys.path.extend(job['append_path'])
   cov = None
-  if config.get('coverage_file'):
+  if job['coverage_file']:
     import coverage
-    cov = coverage.Coverage(data_file=config['coverage_file'], source=config['coverage_source'],
+    cov = coverage.Coverage(data_file=job['coverage_file'], source=job['coverage_source'],
                             config_file=False)
-  reporter = Reporter(fd, config['tree'], config['test_dirs'], cov)
+  reporter = Reporter(fd, job['tree'], job['test_dirs'], cov)
   reporter.emit('runner_start', pid=os.getpid())
   import pytest
   reporter.watch(_watched())
   if cov is not None:
     cov.start()
-  code = pytest.main(config['pytest_args'], plugins=[reporter])
+  code = pytest.main(job['pytest_args'], plugins=[reporter])
   if cov is not None:
     cov.stop()
     cov.save()
