@@ -29,11 +29,12 @@ from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import scrub
+from research.tasks import tamper
 from research.tasks import task as task_lib
 from research.tasks.task import Solution, Task
 
-GATES = ('not_deletable', 'no_covering_test', 'not_importable', 'no_fail_to_pass',
-         'no_pass_to_pass', 'leak', 'reference_fails', 'harness_fault', 'error')
+GATES = ('not_deletable', 'no_covering_test', 'original_flagged', 'not_importable',
+         'no_fail_to_pass', 'no_pass_to_pass', 'leak', 'reference_fails', 'harness_fault', 'error')
 # Limits for the runs of the original, before its own timing is known.
 _PROBE_LIMITS = sandbox.Limits(cpu_s=600, wall_s=1200)
 
@@ -335,6 +336,10 @@ def _make_one(base: Path, out: Path, cand: Candidate, env: _Env, stable: set[str
     deleted_tree = Path(tmp) / 'tree'
     layout.copy_tree(base, deleted_tree)
     removed = _delete(deleted_tree, cand)
+    # The honest solution restores the original: a task it would be flagged on is unusable.
+    flags = tamper.scan((deleted_tree / cand.file).read_text(), (base / cand.file).read_text())
+    if flags:
+      raise Rejected('original_flagged', f'the tamper scan flags the original: {flags[:3]}')
     env.python_check(_IMPORT, [cand.module], deleted_tree)
     files = sorted({t.split('::')[0] for t in cand.tests})
     limits = sandbox.Limits(cpu_s=max(10, math.ceil(4 * wall)), wall_s=max(30.0, 10 * wall))
