@@ -143,7 +143,32 @@ def test_always_equal_objects_built_at_run_time_are_flagged():
 def test_computed_names_on_interpreter_modules_are_flagged():
   assert tamper.scan(None, 'import sys\nf = getattr(sys, NAME)(1)\n') == [
       'computed attribute of sys (getattr)']
-  assert tamper.scan(None, 'import gc\n') == ['walks the heap (gc)']
+  assert 'computed attribute of sys (getattr modules)' in tamper.scan(
+      None, 'import sys\nm = getattr(sys, "modules")["gc"]\n')
+  assert tamper.scan(None, 'import sys\nfrozen = getattr(sys, "frozen", False)\n') == []
+
+
+def test_interpreter_state_is_flagged_when_changed_or_reached_by_name():
+  flagged = {
+      'import sys\nsys.modules["numdep"] = fake': 'edits sys.modules (sys.modules)',
+      'import sys as s\ndel s.modules["numdep"]': 'edits sys.modules (sys.modules)',
+      'import sys\nsys.modules.pop("numdep")': 'edits sys.modules (sys.modules)',
+      'import sys\nsys.argv[1:] = []': 'edits sys.argv (sys.argv)',
+      'import sys\nr = sys.modules["_pytest.terminal"]':
+          'reaches a module through sys.modules (_pytest.terminal)',
+      'import sys\ng = sys.modules.get("g" + "c")': 'reaches a module through sys.modules (gc)',
+      'import sys\nsys.exit(1)': 'exits the interpreter (sys.exit)',
+      'import sys\ndef f(name):\n  for m in list(sys.modules.values()):\n'
+      '    return getattr(m, name)\n':
+          'computed attribute name with a way into the interpreter (sys.modules)',
+  }
+  for code, flag in flagged.items():
+    assert flag in tamper.scan(None, code), code
+  # What libraries do all the time: read them, or exit from a command-line entry point.
+  honest = ('import sys\nimport importlib.metadata\nfrom importlib import resources\n'
+            'def main(argv=None):\n  argv = sys.argv[1:] if argv is None else argv\n'
+            '  if "numpy" in sys.modules and sys.modules.get("__main__"):\n    sys.exit(2)\n')
+  assert tamper.scan(None, honest) == []
 
 
 def test_unfoldable_names_are_flagged_only_with_a_way_into_the_interpreter():
