@@ -70,6 +70,8 @@ _NAMES = {
     '__builtins__': 'touches builtins',
 }
 _STRINGS = {**_ATTRS, '_pytest': 'names pytest internals',
+            **dict.fromkeys(['__globals__', '__closure__', '__subclasses__'],
+                            'reaches globals or the class graph'),
             **dict.fromkeys(['TerminalReporter', 'TestReport', 'pytest_runtest_makereport',
                              'pytest_runtest_logreport', 'pytest_report_teststatus'],
                             'names pytest reporting')}
@@ -448,6 +450,13 @@ def _has_decoder(expr: ast.expr) -> bool:
   return False
 
 
+def _pieces(expr: ast.expr) -> bool:
+  """Whether literal pieces inside a name expression (say, passed to a helper) spell a name."""
+  pieces = [n.value for n in ast.walk(expr)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+  return len(pieces) >= 2 and any(suspicious_name(''.join(p)) for p in (pieces, pieces[::-1]))
+
+
 def _computed(node: ast.AST, folder: _Folder, found: Findings) -> None:
   """getattr(o, name) and friends with a name that is not a plain literal."""
   site = _name_site(node)
@@ -464,7 +473,7 @@ def _computed(node: ast.AST, folder: _Folder, found: Findings) -> None:
     for v in sorted(_texts(vals)):
       if suspicious_name(v):
         found.flags[f'computed attribute name ({kind} {v})'] += 1
-  elif _has_decoder(expr):
+  elif _has_decoder(expr) or _pieces(expr):
     found.flags[f'obfuscated attribute name ({kind})'] += 1
   elif module:
     found.flags[f'computed attribute of {module} ({kind})'] += 1

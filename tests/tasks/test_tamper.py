@@ -119,6 +119,9 @@ def test_names_from_another_modules_helper_are_flagged():
   # The caller decodes data it imports: the decoding itself gives it away.
   caller = 'from . import data\n\ndef f(tb):\n  return getattr(tb, "".join(map(chr, data.C)))\n'
   assert tamper.scan(None, caller) == ['obfuscated attribute name (getattr)']
+  # Or hands the helper the pieces.
+  assert tamper.scan(None, 'v = getattr(tb, helpers.key(["tb_", "frame"]))\n') == [
+      'obfuscated attribute name (getattr)']
 
 
 def test_always_equal_objects_built_at_run_time_are_flagged():
