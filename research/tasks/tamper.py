@@ -184,10 +184,10 @@ def _call(name: str, receiver, args: tuple):
   raise ValueError('not folded')
 
 
-def _bindings(tree: ast.AST) -> dict[str, list[tuple[ast.expr | None, bool]]]:
+def _bindings(nodes: list[ast.AST]) -> dict[str, list[tuple[ast.expr | None, bool]]]:
   """name -> (expression or None if unknown, whether the name takes each element) per binding."""
   out, seen = collections.defaultdict(list), set()
-  for node in ast.walk(tree):
+  for node in nodes:
     if isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr) and node.value is not None:
       for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
         if isinstance(target, ast.Name):
@@ -196,7 +196,7 @@ def _bindings(tree: ast.AST) -> dict[str, list[tuple[ast.expr | None, bool]]]:
     elif isinstance(node, ast.For | ast.comprehension) and isinstance(node.target, ast.Name):
       out[node.target.id].append((node.iter, True))
       seen.add(id(node.target))
-  for node in ast.walk(tree):  # Every other way to bind a name makes its value unknown.
+  for node in nodes:  # Every other way to bind a name makes its value unknown.
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and id(node) not in seen:
       out[node.id].append((None, False))
     elif isinstance(node, ast.arg | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
@@ -209,8 +209,8 @@ def _bindings(tree: ast.AST) -> dict[str, list[tuple[ast.expr | None, bool]]]:
 class _Folder:
   """Possible values of string expressions built from literals; None where any is unknown."""
 
-  def __init__(self, tree: ast.AST):
-    self.bindings = _bindings(tree)
+  def __init__(self, nodes: list[ast.AST]):
+    self.bindings = _bindings(nodes)
     self.memo, self.names, self.active = {}, {}, set()
 
   def values(self, node: ast.AST, env: dict | None = None) -> frozenset | None:
@@ -580,16 +580,19 @@ def constructs(source: str) -> Findings:
   except SyntaxError:
     found.flags.update(f'suspicious text ({m})' for m in _FALLBACK.findall(source))
     return found
+  nodes = list(ast.walk(tree))
   # `import sys as _sys` must not hide `_sys.modules`.
-  aliases = {a.asname: a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+  aliases = {a.asname: a.name for n in nodes if isinstance(n, ast.Import)
              for a in n.names if a.asname}
-  folder = _Folder(tree)
-  defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-  in_functions = {id(n) for f in ast.walk(tree)
-                  if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
-                  for n in ast.walk(f)}
-  top_level = {id(n) for n in ast.walk(tree)} - in_functions
-  for node in ast.walk(tree):
+  folder = _Folder(nodes)
+  defs = {n.name: n for n in nodes if isinstance(n, ast.FunctionDef)}
+  top_level, todo = set(), [tree]  # What runs at import time: outside any function.
+  while todo:
+    node = todo.pop()
+    top_level.add(id(node))
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+      todo.extend(ast.iter_child_nodes(node))
+  for node in nodes:
     _plain(node, aliases, found.flags)
     _folded(node, folder, found.flags)
     _computed(node, folder, found)

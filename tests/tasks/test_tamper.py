@@ -109,6 +109,17 @@ def test_names_assembled_at_run_time_are_flagged_in_every_encoding(name):
     assert tamper.scan(code, code) == []
 
 
+def test_every_way_to_look_up_an_attribute_by_name_is_checked():
+  name = "'__glo' + 'bals__'"
+  sites = {'getattr': f'getattr(f, {name})', 'setattr': f'setattr(f, {name}, 1)',
+           'delattr': f'delattr(f, {name})', 'hasattr': f'hasattr(f, {name})',
+           'attrgetter': f'operator.attrgetter({name})(f)',
+           '__getattribute__': f'object.__getattribute__(f, {name})',
+           '__dict__': f'f.__dict__[{name}]', 'vars': f'vars(f)[{name}]'}
+  for kind, code in sites.items():
+    assert f'computed attribute name ({kind} __globals__)' in tamper.scan(None, code), code
+
+
 def test_names_from_another_modules_helper_are_flagged():
   # The helper module spells the name; the caller only calls it.
   helper = 'import base64\n\ndef key():\n  return base64.b64decode("Zl9iYWNr").decode()\n'
