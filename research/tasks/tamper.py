@@ -47,7 +47,7 @@ _ATTRS = {
     'gi_frame': 'frame inspection', 'cr_frame': 'frame inspection',
     'ag_frame': 'frame inspection', '_current_frames': 'frame inspection',
     'settrace': 'tracing hook', 'setprofile': 'tracing hook', '_exit': 'hard exit',
-    '__builtins__': 'touches builtins', '__code__': 'rewrites code objects',
+    '__builtins__': 'touches builtins',
     'pluginmanager': 'reaches the pytest plugin manager',
     'terminalreporter': 'reaches the pytest reporter',
     'get_referrers': 'walks the heap', 'get_referents': 'walks the heap',
@@ -70,7 +70,7 @@ _NAMES = {
     '__builtins__': 'touches builtins',
 }
 _STRINGS = {**_ATTRS, '_pytest': 'names pytest internals',
-            **dict.fromkeys(['__globals__', '__closure__', '__subclasses__'],
+            **dict.fromkeys(['__globals__', '__subclasses__'],
                             'reaches globals or the class graph'),
             **dict.fromkeys(['TerminalReporter', 'TestReport', 'pytest_runtest_makereport',
                              'pytest_runtest_logreport', 'pytest_report_teststatus'],
@@ -516,7 +516,13 @@ def _forged(node: ast.AST, folder: _Folder, defs: dict[str, ast.FunctionDef],
       if (isinstance(target, ast.Name) and target.id in ('__eq__', '__ne__')
           and isinstance(node.value, ast.Lambda) and _ignores_other(node.value)):
         found[f'{target.id} that ignores the other object'] += 1
+  if isinstance(node, ast.Attribute) and node.attr == '__code__' and not isinstance(
+      node.ctx, ast.Load):
+    found['rewrites code objects (__code__)'] += 1
   site = _name_site(node)
+  if site and site[0] in ('setattr', '__setattr__') and '__code__' in _texts(
+      folder.values(site[1]) or frozenset()):
+    found[f'rewrites code objects ({site[0]} __code__)'] += 1
   if site and site[0] in ('setattr', '__setattr__') and len(node.args) == 3:
     if _always(node.args[2], defs):
       for d in sorted(_texts(folder.values(site[1]) or frozenset()) & _FORGE):
@@ -528,10 +534,21 @@ def _root(node: ast.AST, aliases: dict[str, str], found: collections.Counter) ->
     found[node.attr] += 1
   elif isinstance(node, ast.Name) and node.id in _ROOTS:
     found[node.id] += 1
-  elif _sys_attr(node, aliases) == 'modules':
-    found['sys.modules'] += 1
+  elif isinstance(node, ast.For | ast.comprehension | ast.Call):
+    f = getattr(node, 'func', None)
+    if not isinstance(node, ast.Call):
+      walked = node.iter
+    elif isinstance(f, ast.Attribute) and f.attr in _WALKERS:
+      walked = f.value
+    else:
+      walked = node.args[0] if isinstance(f, ast.Name) and f.id in _WALKERS and node.args else None
+    if walked is not None and _sys_attr(walked, aliases) == 'modules':
+      found['sys.modules'] += 1
 
 
+# Ways to walk every loaded module (a lookup by name is judged by its key instead).
+_WALKERS = frozenset({'values', 'items', 'keys', 'copy', 'list', 'tuple', 'dict', 'iter', 'sorted',
+                      'set'})
 _MUTATORS = frozenset({'append', 'extend', 'insert', 'pop', 'popitem', 'remove', 'clear',
                        'update', 'setdefault', '__setitem__', '__delitem__'})
 
@@ -563,7 +580,6 @@ def _interpreter(node: ast.AST, aliases: dict[str, str], folder: _Folder, top_le
   if target in ('modules', 'argv'):
     found.flags[f'edits sys.{target} (sys.{target})'] += 1
   if key is not None:
-    found.roots['sys.modules'] -= 1  # A lookup is judged by its key; walking the modules is a root.
     vals = folder.values(key)
     if vals is None:
       found.computed['computed module name (sys.modules)'] += 1

@@ -60,6 +60,8 @@ def test_flags_each_construct_once_per_new_use():
       'x = frame.f_back.f_locals': 'frame inspection (f_locals)',
       'import sys as s\ns.modules["numdep"] = None': 'edits sys.modules (sys.modules)',
       'import os\nos._exit(0)': 'hard exit (_exit)',
+      'test_fn.__code__ = stub.__code__': 'rewrites code objects (__code__)',
+      'setattr(test_fn, "__co" + "de__", c)': 'rewrites code objects (setattr __code__)',
       'sys.exit(0)': 'exits the interpreter (sys.exit)',
       'getattr(sys, "_getframe")': "frame inspection (string '_getframe')",
       'class A:\n  def __eq__(self, other):\n    return True':
@@ -180,6 +182,7 @@ def test_interpreter_state_is_flagged_when_changed_or_reached_by_name():
     assert flag in tamper.scan(None, code), code
   # What libraries do all the time: read them, or exit from a command-line entry point.
   honest = ('import sys\nimport importlib.metadata\nfrom importlib import resources\n'
+            'def names(fn):\n  return fn.__code__.co_varnames\n'
             'def main(argv=None):\n  argv = sys.argv[1:] if argv is None else argv\n'
             '  if "numpy" in sys.modules and sys.modules.get("__main__"):\n    sys.exit(2)\n')
   assert tamper.scan(None, honest) == []
