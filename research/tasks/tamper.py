@@ -84,7 +84,8 @@ _REACH = frozenset({
     'sys', 'os', 'inspect', 'traceback', 'types', 'signal', 'subprocess', 'atexit',
     'faulthandler', 'f_code', 'f_builtins', 'f_trace', 'f_lineno', 'tb_next', 'gi_code',
     'exit', 'argv', 'modules', 'stack', 'exc_info', 'extract_stack', 'walk_stack', 'get_objects',
-    'getattr', 'setattr', 'delattr', 'globals', 'locals', 'vars', 'import_module', 'system', 'popen',
+    'getattr', 'setattr', 'delattr', 'globals', 'locals', 'vars', 'import_module', 'system',
+    'popen',
     'config', 'hook', 'reporter', '_tw', 'session', 'register', 'getplugin', 'get_plugin',
     'hookimpl', 'hookwrapper', 'TestReport', 'CallInfo', 'longrepr', 'outcome', 'nodeid',
 })
@@ -127,6 +128,16 @@ def _rot13(s: str) -> str:
   return codecs.decode(s, 'rot13')
 
 
+def _codec(name: str) -> str:
+  if name.lower().replace('-', '_') not in _CODECS:
+    raise ValueError(f'codec {name} not folded')
+  return name
+
+
+_CODECS = frozenset({'rot13', 'rot_13', 'hex', 'hex_codec', 'base64', 'base64_codec', 'base_64',
+                     'utf_8', 'utf8', 'ascii', 'latin_1', 'latin1'})
+
+
 # Functions a name may be decoded with; each takes and returns plain values.
 _FUNCS = {
     'chr': chr, 'ord': ord, 'str': str, 'reversed': lambda x: tuple(reversed(x)),
@@ -139,8 +150,9 @@ _FUNCS = {
     'a85decode': base64.a85decode, 'decodebytes': base64.decodebytes,
     'unhexlify': binascii.unhexlify, 'a2b_base64': binascii.a2b_base64,
     'a2b_hex': binascii.a2b_hex, 'fromhex': bytes.fromhex,
-    # codecs.decode(x, 'rot13'), codecs.decode(x, 'hex'), ...
-    'decode': codecs.decode, 'encode': codecs.encode,
+    # codecs.decode(x, 'rot13'), codecs.decode(x, 'hex'), ...; never zlib or bz2 (bombs).
+    'decode': lambda x, enc, *_: codecs.decode(x, _codec(enc)),
+    'encode': lambda x, enc, *_: codecs.encode(x, _codec(enc)),
 }
 _METHODS = frozenset({'decode', 'encode', 'replace', 'lower', 'upper', 'strip', 'lstrip',
                       'rstrip', 'swapcase', 'title', 'capitalize', 'join', 'split',
@@ -164,8 +176,11 @@ def _small(v) -> bool:
 def _binop(op: ast.operator, a, b):
   if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool):
     return _INT_OPS[type(op)](a, b)
-  if isinstance(op, ast.Mult) and isinstance(b, int) and len(a) * b > _MAX_LEN:
-    raise ValueError('too long')
+  if isinstance(op, ast.Mult) and (isinstance(a, int) or isinstance(b, int)):
+    if (len(b) * a if isinstance(a, int) else len(a) * b) > _MAX_LEN:
+      raise ValueError('too long')
+  if isinstance(op, ast.Mod) and re.search(r'%[-+ #0]*[\d*]', a):
+    raise ValueError('widths may pad without bound')
   if isinstance(op, ast.Add | ast.Mult) or isinstance(op, ast.Mod) and isinstance(a, str | bytes):
     return {ast.Add: lambda: a + b, ast.Mult: lambda: a * b, ast.Mod: lambda: a % b}[type(op)]()
   raise ValueError('not folded')
@@ -289,7 +304,8 @@ class _Folder:
     gen = node.generators[0]
     items = self.values(gen.iter, env)
     if (gen.ifs or not isinstance(gen.target, ast.Name) or items is None or len(items) != 1
-        or not isinstance(next(iter(items)), tuple | str | bytes)):
+        or not isinstance(next(iter(items)), tuple | str | bytes)
+        or len(next(iter(items))) > 256):  # Nested comprehensions must stay cheap.
       return None
     parts = [self.values(node.elt, {**env, gen.target.id: frozenset([x])})
              for x in next(iter(items))]
@@ -593,7 +609,10 @@ def constructs(source: str) -> Findings:
   found = Findings(collections.Counter(), collections.Counter(), collections.Counter())
   try:
     tree = ast.parse(source)
-  except SyntaxError:
+  except (RecursionError, MemoryError):  # Python may still run what the ast module rejects.
+    found.flags['expression too deep to check'] += 1
+    return found
+  except (SyntaxError, ValueError):
     found.flags.update(f'suspicious text ({m})' for m in _FALLBACK.findall(source))
     return found
   nodes = list(ast.walk(tree))
@@ -610,11 +629,14 @@ def constructs(source: str) -> Findings:
       todo.extend(ast.iter_child_nodes(node))
   for node in nodes:
     _plain(node, aliases, found.flags)
-    _folded(node, folder, found.flags)
-    _computed(node, folder, found)
-    _forged(node, folder, defs, found.flags)
-    _interpreter(node, aliases, folder, top_level, found)
     _root(node, aliases, found.roots)
+    try:
+      _folded(node, folder, found.flags)
+      _computed(node, folder, found)
+      _forged(node, folder, defs, found.flags)
+      _interpreter(node, aliases, folder, top_level, found)
+    except RecursionError:  # No honest module nests expressions thousands deep.
+      found.flags['expression too deep to check'] += 1
   return found
 
 

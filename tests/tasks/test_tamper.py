@@ -211,8 +211,16 @@ def test_unparsable_code_falls_back_to_text():
 
 
 def test_folding_stays_bounded():
-  code = "x = 'a' * 10 ** 9\ny = 'b' * 100000000\nz = '{:>999999999}'.format('q')\n"
+  zlib_bomb = codecs.encode(b'\0' * 10**6, 'zlib')
+  code = ("x = 'a' * 10 ** 9\ny = 'b' * 100000000\nw = 100000000 * 'b'\n"
+          "z = '{:>999999999}'.format('q')\nv = '%999999999d' % 1\n"
+          f"u = codecs.decode({zlib_bomb!r}, 'zlib')\n"
+          "t = [[[c for c in 'x' * 4000] for d in 'y' * 4000] for e in 'z' * 4000]\n")
   assert tamper.scan(None, code) == []
+  # Nesting that the folder (or the ast module) cannot follow is itself a flag.
+  for depth in (2000, 5000):
+    deep = 'x = ' + ' + '.join(["'a'"] * depth) + '\n'
+    assert tamper.scan(None, deep) == ['expression too deep to check']
 
 
 def test_fixture_originals_are_not_flagged(tmp_path):
