@@ -30,12 +30,14 @@ from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import scrub
+from research.tasks import tamper
 from research.tasks import task as task_lib
 from research.tasks import twins
 from research.tasks.task import Solution, Task
 
-GATES = ('not_deletable', 'no_covering_test', 'not_importable', 'no_fail_to_pass',
-         'no_pass_to_pass', 'leak', 'no_twin', 'reference_fails', 'harness_fault', 'error')
+GATES = ('not_deletable', 'no_covering_test', 'original_flagged', 'not_importable',
+         'no_fail_to_pass', 'no_pass_to_pass', 'leak', 'no_twin', 'reference_fails',
+         'harness_fault', 'error')
 # Twin sites verified per task: enough variety for gradings that plant a few at a time.
 _TWIN_SITES = 16
 # Limits for the runs of the original, before its own timing is known.
@@ -380,6 +382,13 @@ def _remaining_sources(tree: Path, cand: Candidate, hidden: list[str]) -> list[s
   return texts
 
 
+def _check_original(deleted_tree: Path, base: Path, cand: Candidate) -> None:
+  """The honest solution restores the original: a task it would be flagged on is unusable."""
+  flags = tamper.scan((deleted_tree / cand.file).read_text(), (base / cand.file).read_text())
+  if flags:
+    raise Rejected('original_flagged', f'the tamper scan flags the original: {flags[:3]}')
+
+
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
   """The deleted state's test results for one candidate."""
@@ -449,6 +458,7 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, setti
       deleted_tree = Path(tmp) / 'tree'
       layout.copy_tree(base, deleted_tree)
       removed = _delete(deleted_tree, cand)
+      _check_original(deleted_tree, base, cand)
       outcome = _run_deleted(deleted_tree, cand, prepared)
       for path in (tree, graded):
         if path.exists():
