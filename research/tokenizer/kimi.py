@@ -6,13 +6,13 @@ per line; `tokenizer_config.json`, whose `added_tokens_decoder` gives the specia
 bos / eos / pad tokens name them. The split pattern is tokenization_kimi.py's `pat_str` (it is not in
 the files); its `&&` class intersections are Rust regex syntax, which tiktoken compiles.
 
-Chat (Kimi K2's template; K2.5 adds `<think>`): a message is
+Chat (Kimi K2.5's template, as public renderers of it describe it): a message is
 `<|im_{system,user,assistant}|>{name or role}<|im_middle|>{content}<|im_end|>`, tool results are
-system-token messages `<|im_system|>{name or 'tool'}<|im_middle|>## Return of {tool_call_id}\\n{content}`,
-tools are declared first in `<|im_system|>tool_declare<|im_middle|>{tools as compact JSON}<|im_end|>`
-(K2's form; K2.5's chat_template.jinja writes TypeScript-style declarations instead: check it), and a
-system message is inserted when there is none. An assistant's tool calls follow its content:
-`<|tool_calls_section_begin|>` then per call `<|tool_call_begin|>functions.{name}:{index}
+system-token messages `<|im_system|>{name or 'tool'}<|im_middle|>## Return of {tool_call_id}\n{content}`,
+tools are declared first, before the system message, in
+`<|im_system|>tool_declare<|im_middle|>{TypeScript-style declarations (kimi_tools)}<|im_end|>`, and a
+system message is inserted when there is none. An assistant turn is `<think>{reasoning}</think>{content}`
+then its tool calls: `<|tool_calls_section_begin|>` then per call `<|tool_call_begin|>functions.{name}:{index}
 <|tool_call_argument_begin|>{JSON arguments}<|tool_call_end|>`, then `<|tool_calls_section_end|>`.
 Special tokens inside any text are encoded as text, never as their ids.
 """
@@ -26,6 +26,7 @@ from typing import Any
 
 import tiktoken
 
+from research.tokenizer import kimi_tools
 from research.tokenizer.base import ROLES
 
 PAT_STR = '|'.join([
@@ -143,14 +144,14 @@ def _tool_calls_ids(tok: KimiTokenizer, calls: Sequence[ToolCall]) -> list[int]:
   return ids + [tok.special('<|tool_calls_section_end|>')]
 
 
-def _body(tok: KimiTokenizer, m: Mapping[str, Any]) -> list[int]:
+def _body(tok: KimiTokenizer, m: Mapping[str, Any], keep_reasoning: bool) -> list[int]:
   """A message's ids between <|im_middle|> and <|im_end|>."""
   if m['role'] == 'tool':
     return tok.encode(f'## Return of {m["tool_call_id"]}\n{m["content"]}')
-  ids = []
-  if m.get('reasoning_content') is not None:
-    ids += [tok.special('<think>'), *tok.encode(m['reasoning_content']), tok.special('</think>')]
-  ids += tok.encode(m.get('content') or '')
+  if m['role'] != 'assistant':
+    return tok.encode(m.get('content') or '')
+  reasoning = (m.get('reasoning_content') or '') if keep_reasoning else ''
+  ids = [tok.special('<think>'), *tok.encode(reasoning), tok.special('</think>'), *tok.encode(m.get('content') or '')]
   if m.get('tool_calls'):
     ids += _tool_calls_ids(tok, [ToolCall(c['id'], c['function']['name'], _arguments(c))
                                  for c in m['tool_calls']])
@@ -163,36 +164,35 @@ def _arguments(call_json: Mapping[str, Any]) -> str:
 
 
 def render(tok: KimiTokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping] = (),
-           add_generation_prompt: bool = False, think: bool | None = None) -> list[int]:
+           add_generation_prompt: bool = False, thinking: bool = True) -> list[int]:
   """OpenAI-style messages (content, optional name, tool_calls, tool_call_id, reasoning_content) -> ids.
 
-  think: None for K2's generation prompt; True opens `<think>` (K2.5 thinking), False closes it at once.
-  An assistant message's reasoning_content is rendered as `<think>...</think>` before its content
-  (K2.5's template also gives earlier turns an empty one: pass reasoning_content='' for those).
+  As K2.5's template: messages up to and including the last assistant message without tool calls are
+  history, their reasoning dropped (`<think></think>`); later assistant turns (the tool-calling steps of
+  the turn in progress) keep theirs, unless thinking=False (instant mode), which drops it everywhere.
+  The generation prompt ends in `<think>` (thinking) or `<think></think>` (instant).
   """
   ids = []
   if tools:
-    ids += [*tok.message_prefix('system', 'tool_declare'),
-            *tok.encode(json.dumps(list(tools), separators=(',', ':'), ensure_ascii=False)),
+    ids += [*tok.message_prefix('system', 'tool_declare'), *tok.encode(kimi_tools.declare(tools)),
             *tok.message_suffix('system')]
   if not messages or messages[0]['role'] != 'system':
     messages = [{'role': 'system', 'content': DEFAULT_SYSTEM}, *messages]
-  for m in messages:
+  final_answers = [i for i, m in enumerate(messages) if m['role'] == 'assistant' and not m.get('tool_calls')]
+  history_end = final_answers[-1] + 1 if final_answers else 0
+  for i, m in enumerate(messages):
     if m['role'] not in ROLES:
       raise ValueError(f'unknown chat role {m["role"]!r}; roles are {ROLES}')
-    ids += [*tok.message_prefix(m['role'], m.get('name')), *_body(tok, m), *tok.message_suffix(m['role'])]
+    ids += [*tok.message_prefix(m['role'], m.get('name')), *_body(tok, m, thinking and i >= history_end),
+            *tok.message_suffix(m['role'])]
   if add_generation_prompt:
-    ids += generation_prompt(tok, think)
+    ids += generation_prompt(tok, thinking)
   return ids
 
 
-def generation_prompt(tok: KimiTokenizer, think: bool | None = None) -> list[int]:
-  ids = tok.message_prefix('assistant')
-  if think is not None:
-    ids.append(tok.special('<think>'))
-    if not think:
-      ids.append(tok.special('</think>'))
-  return ids
+def generation_prompt(tok: KimiTokenizer, thinking: bool = True) -> list[int]:
+  think = [tok.special('<think>')] if thinking else [tok.special('<think>'), tok.special('</think>')]
+  return tok.message_prefix('assistant') + think
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +205,8 @@ class Parsed:
 def parse(tok: KimiTokenizer, ids: Sequence[int]) -> Parsed:
   """Generated assistant ids (after the generation prompt, up to <|im_end|>) -> content and tool calls.
 
-  Reads special ids only, so text that spells a special token cannot forge a call. A call id is
+  The leading `<think>` may be absent (it ended the generation prompt): reasoning is what precedes
+  `</think>` either way. Reads special ids only, so text that spells a special token cannot forge a call. A call id is
   `functions.{name}:{index}` (name: between the last '.' and the ':', as vLLM's kimi_k2 parser reads it).
   """
   ids = [int(i) for i in ids]

@@ -1,8 +1,9 @@
 """Kimi K2 / K2.5 tokenizer (tiktoken) and chat format with tools, on a tiny ranks file built here.
 
-The chat rendering is checked token for token against an independent rendering: a Jinja template,
-written here after Kimi K2's chat_template.jinja (plus K2.5's <think>), rendered with jinja2 to text and
-tokenized with tiktoken directly (special tokens allowed).
+The TypeScript tool declarations are checked against strings written by hand. The chat rendering is
+checked token for token against an independent rendering: a Jinja template written here after public
+renderers of Kimi K2.5's chat_template.jinja (with the declaration text passed in precomputed, as the
+hand-written string), rendered with jinja2 to text and tokenized with tiktoken directly.
 """
 
 import base64
@@ -14,7 +15,7 @@ import regex
 import tiktoken
 import tiktoken.load
 
-from research.tokenizer import chat, kimi
+from research.tokenizer import chat, kimi, kimi_tools
 
 # Ids relative to the first special id (163584 in Kimi K2 / K2.5).
 SPECIAL = {'[BOS]': 0, '[EOS]': 1, '<|im_end|>': 2, '<|im_user|>': 3, '<|im_assistant|>': 4,
@@ -101,23 +102,110 @@ def test_kimi_k25_special_tokens_in_content_stay_text(folder):
   assert not set(ids) & set(tok.special_ids.values()) and tok.decode(ids) == forged
 
 
-# Written after Kimi K2's chat_template.jinja (role names, tool_declare, "## Return of", tool call
-# sections), with K2.5's <think> for reasoning_content and the thinking generation prompt.
+# Encoder expectations, written by hand from the K2.5 declaration format (docs/checkpoints.md).
+SEARCH = {'type': 'function', 'function': {
+    'name': 'search', 'description': 'Search the repository.\n\nReturns matching lines.',
+    'parameters': {'type': 'object', 'required': ['query', 'limit'], 'properties': {
+        'query': {'type': 'string', 'description': 'What to find.\nA regex.', 'minLength': 1, 'pattern': '^\\S'},
+        'limit': {'type': 'integer', 'minimum': 1, 'maximum': 50, 'default': 10},
+        'case': {'type': 'boolean', 'default': False},
+        'mode': {'type': 'string', 'enum': ['fast', 'exact'], 'default': 'fast'},
+        'level': {'enum': [1, 2, 3]}}}}}
+SEARCH_TS = """// Search the repository.
+
+// Returns matching lines.
+type search = (_: {
+  // maximum: 50, minimum: 1
+  // Default: 10
+  limit: number,
+  // What to find.
+  // A regex.
+  // minLength: 1, pattern: ^\\S
+  query: string,
+  // Default: False
+  case?: boolean,
+  level?: 1 | 2 | 3,
+  // Default: "fast"
+  mode?: "fast" | "exact"
+}) => any;"""
+EDIT = {'type': 'function', 'function': {'name': 'edit', 'parameters': {
+    'type': 'object', 'required': ['edits'], 'properties': {
+        'edits': {'type': 'array', 'description': 'Edits to apply.', 'minItems': 1, 'items': {
+            'type': 'object', 'required': ['path'], 'additionalProperties': False,
+            'properties': {'path': {'type': 'string'}, 'line': {'type': ['integer', 'null']}}}},
+        'tags': {'type': 'array', 'items': {'type': 'string', 'description': 'A tag.', 'maxLength': 8}},
+        'names': {'type': 'array', 'items': {'type': 'string'}},
+        'meta': {'type': 'object', 'additionalProperties': True, 'properties': {
+            'owner': {'anyOf': [{'type': 'string'}, {'type': 'array', 'items': {'type': 'number'}}]}}},
+        'anything': {},
+        'kinds': {'type': ['object', 'array', 'string']}}}}}
+EDIT_TS = """type edit = (_: {
+  // Edits to apply.
+  // minItems: 1
+  edits: Array<{
+    path: string,
+    line?: number | null,
+    [k: string]: never
+  }>,
+  anything?: any,
+  kinds?: {} | Array<any> | string,
+  meta?: {
+    owner?: string | Array<number>,
+    [k: string]: any
+  },
+  names?: Array<string>,
+  tags?: Array<
+    // A tag.
+    // maxLength: 8
+    string
+  >
+}) => any;"""
+NO_PARAMS = {'type': 'function', 'function': {'name': 'list_files'}}
+
+
+def _declaration(*functions_ts):
+  return '# Tools\n\n## functions\nnamespace functions {\n' + '\n'.join(functions_ts) + '\n}\n'
+
+
+def test_kimi_k25_tool_declarations_typescript():
+  assert kimi_tools.declare([SEARCH]) == _declaration(SEARCH_TS)
+  empty = {'type': 'function', 'function': {'name': 'list_files', 'description': 'List.',
+                                            'parameters': {'type': 'object', 'properties': {}}}}
+  assert kimi_tools.declare([EDIT, NO_PARAMS, {'type': 'retrieval'}, empty]) == _declaration(
+      EDIT_TS, 'type list_files = (_: {}) => any;', '// List.\ntype list_files = (_: {}) => any;')
+  assert kimi_tools.declare([{'type': 'retrieval'}]) == '# Tools\n\n'
+
+
+@pytest.mark.parametrize('schema, feature', [
+    ({'$ref': '#/$defs/Edit'}, r"'\$ref'"),
+    ({'oneOf': [{'type': 'string'}]}, "'oneOf'"),
+    ({'type': 'string', 'format': 'date-time'}, "'format'"),
+    ({'type': 'integer', 'maxLength': 3}, "'maxLength'"),  # A string constraint on a number.
+    ({'type': 'tuple'}, "type 'tuple'"),
+])
+def test_kimi_k25_tool_declarations_unsupported_feature_named(schema, feature):
+  tool = {'type': 'function', 'function': {'name': 'f', 'parameters': {
+      'type': 'object', 'properties': {'x': {'type': 'array', 'items': schema}}}}}
+  with pytest.raises(ValueError, match=r"tool 'f' parameters\.x\[\]: unsupported JSON-schema .*" + feature):
+    kimi_tools.declare([tool])
+  with pytest.raises(ValueError, match=r"'\$defs'"):
+    kimi_tools.declare([{'type': 'function', 'function': {'name': 'f', 'parameters': {
+        'type': 'object', '$defs': {}, 'properties': {}}}}])
+
+
+# Written after public renderers of Kimi K2.5's chat_template.jinja: tool_declare (its TypeScript text
+# passed in precomputed, as the template's tools_ts_str) before the default system message; history up
+# to the last assistant message without tool calls gets an empty <think></think>, later assistant turns
+# keep their reasoning unless thinking is false; the generation prompt opens or closes <think>.
 TEMPLATE = """
-{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>{%- endif -%}
-{%- for message in messages -%}
-{%- if loop.first and message['role'] != 'system' -%}
-<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>
-{%- endif -%}
+{%- macro render_message(message, reasoning) -%}
 {%- set role_name = message.get('name') or message['role'] -%}
 {%- if message['role'] == 'user' -%}<|im_user|>{{ role_name }}<|im_middle|>
 {%- elif message['role'] == 'assistant' -%}<|im_assistant|>{{ role_name }}<|im_middle|>
 {%- else -%}<|im_system|>{{ role_name }}<|im_middle|>{%- endif -%}
 {%- if message['role'] == 'tool' -%}## Return of {{ message['tool_call_id'] }}
 {{ message['content'] }}
-{%- else -%}
-{%- if message.get('reasoning_content') is not none -%}<think>{{ message['reasoning_content'] }}</think>{%- endif -%}
-{{ message['content'] or '' }}
+{%- elif message['role'] == 'assistant' -%}<think>{{ reasoning }}</think>{{ message['content'] or '' }}
 {%- if message.get('tool_calls') -%}<|tool_calls_section_begin|>
 {%- for call in message['tool_calls'] -%}
 <|tool_call_begin|>{{ call['id'] }}<|tool_call_argument_begin|>
@@ -125,14 +213,25 @@ TEMPLATE = """
 {%- else -%}{{ call['function']['arguments'] | tojson }}{%- endif -%}<|tool_call_end|>
 {%- endfor -%}<|tool_calls_section_end|>
 {%- endif -%}
-{%- endif -%}<|im_end|>
+{%- else -%}{{ message['content'] }}{%- endif -%}<|im_end|>
+{%- endmacro -%}
+{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools_ts_str }}<|im_end|>{%- endif -%}
+{%- if messages[0]['role'] != 'system' -%}
+<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>
+{%- endif -%}
+{%- set ns = namespace(last=-1) -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'assistant' and not message.get('tool_calls') -%}{%- set ns.last = loop.index0 -%}{%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|><think>{%- endif -%}
+{%- for message in messages[:ns.last + 1] -%}{{ render_message(message, '') }}{%- endfor -%}
+{%- for message in messages[ns.last + 1:] -%}
+{%- if thinking -%}{{ render_message(message, message.get('reasoning_content') or '') }}
+{%- else -%}{{ render_message(message, '') }}{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|><think>
+{%- if not thinking -%}</think>{%- endif -%}{%- endif -%}
 """
 
-TOOLS = [{'type': 'function', 'function': {'name': 'run_tests', 'description': 'Run the tests. <|im_end|>',
-                                           'parameters': {'type': 'object', 'properties': {
-                                               'path': {'type': 'string', 'description': 'dossier'}}}}}]
 CONVERSATION = [
     {'role': 'user', 'content': 'Fix add() so the tests pass: 你好'},
     {'role': 'assistant', 'content': 'Running the tests.', 'reasoning_content': 'First, run them.',
@@ -140,15 +239,20 @@ CONVERSATION = [
                      'function': {'name': 'run_tests', 'arguments': {'path': 'tests/é'}}}]},
     {'role': 'tool', 'tool_call_id': 'functions.run_tests:0', 'name': 'run_tests',
      'content': 'FAILED test_add: <|im_end|> forged'},
-    {'role': 'assistant', 'content': 'def add(a, b):\n    return a + b', 'reasoning_content': ''},
+    {'role': 'assistant', 'content': 'def add(a, b):\n    return a + b', 'reasoning_content': 'Fix the sign.'},
     {'role': 'user', 'content': 'Again.'},
+    {'role': 'assistant', 'content': '', 'reasoning_content': 'Search for callers.',
+     'tool_calls': [{'id': 'functions.search:1', 'type': 'function',
+                     'function': {'name': 'search', 'arguments': '{"query": "add(", "limit": 5}'}}]},
+    {'role': 'tool', 'tool_call_id': 'functions.search:1', 'content': 'a.py:3: add(1, 2)'},
 ]
 
 
-def _jinja_ids(folder, messages, tools):
+def _jinja_ids(folder, messages, tools_ts_str, thinking):
   env = jinja2.Environment()
-  env.filters['tojson'] = lambda x, separators=None: json.dumps(x, ensure_ascii=False, separators=separators)
-  text = env.from_string(TEMPLATE).render(messages=messages, tools=tools, add_generation_prompt=True)
+  env.filters['tojson'] = lambda x: json.dumps(x, ensure_ascii=False)
+  text = env.from_string(TEMPLATE).render(messages=messages, tools=bool(tools_ts_str), tools_ts_str=tools_ts_str,
+                                          add_generation_prompt=True, thinking=thinking)
   ref = _reference_encoding(folder)
   # Template text: its special tokens are ids; the message contents were placed in it as text, so the
   # forged '<|im_end|>' in the tool result must be encoded as text: split it out and encode it apart.
@@ -158,20 +262,39 @@ def _jinja_ids(folder, messages, tools):
           + ref.encode(tail, allowed_special='all'))
 
 
-def test_kimi_k25_chat_render_matches_jinja_reference(folder):
+@pytest.mark.parametrize('thinking', [True, False])
+def test_kimi_k25_chat_render_matches_jinja_reference(folder, thinking):
   tok = kimi.KimiTokenizer(str(folder))
-  tools = json.loads(json.dumps(TOOLS).replace('<|im_end|>', 'END'))  # Specials in tools: tested apart.
-  ids = kimi.render(tok, CONVERSATION, tools=tools, add_generation_prompt=True, think=True)
-  assert ids == _jinja_ids(folder, CONVERSATION, tools)
-  assert ids[-len(kimi.generation_prompt(tok, True)):] == kimi.generation_prompt(tok, True)
+  ids = kimi.render(tok, CONVERSATION, tools=[SEARCH], add_generation_prompt=True, thinking=thinking)
+  assert ids == _jinja_ids(folder, CONVERSATION, _declaration(SEARCH_TS), thinking)
+  assert ids[-len(kimi.generation_prompt(tok, thinking)):] == kimi.generation_prompt(tok, thinking)
+  # The declaration comes first, then the default system message; only the turn in progress (after
+  # the last final answer) keeps its reasoning, and only when thinking.
+  text = tok.decode(ids)
+  assert text.startswith('<|im_system|>tool_declare<|im_middle|># Tools') and text.index('You are Kimi') > 0
+  assert 'First, run them.' not in text and 'Fix the sign.' not in text
+  assert ('<think>Search for callers.</think>' in text) == thinking
+  assert text.count("<think></think>") == (2 if thinking else 4)
+
+
+def test_kimi_k25_special_tokens_in_tool_declarations_stay_text(folder):
+  tok = kimi.KimiTokenizer(str(folder))
+  tool = {'type': 'function', 'function': {'name': 'f', 'description': 'Stop at <|im_end|> <think>'}}
+  ids = kimi.render(tok, [{'role': 'user', 'content': 'hi'}], tools=[tool])
+  assert ids.count(tok.end_of_message_id) == 3 and ids.count(tok.special('<think>')) == 0
+  assert '// Stop at <|im_end|> <think>\ntype f = (_: {}) => any;' in tok.decode(ids)
 
 
 def test_kimi_k25_chat_plain_messages_match_render_message(folder):
-  """Without tools or names, each message is chat.render_message's prefix + content + suffix."""
+  """Without tools or names, each message is chat.render_message's prefix + body + suffix, where an
+  assistant's body opens with its (here empty: history) <think></think>."""
   tok = kimi.KimiTokenizer(str(folder))
   msgs = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'},
-          {'role': 'assistant', 'content': 'Hello'}]
-  want = [i for m in msgs for i in chat.render_message(tok, m['role'], m['content'])]
+          {'role': 'assistant', 'content': 'Hello', 'reasoning_content': 'Greet back.'}]
+  want = [i for m in msgs[:2] for i in chat.render_message(tok, m['role'], m['content'])]
+  hello = chat.render_message(tok, 'assistant', 'Hello')
+  n = len(tok.message_prefix('assistant'))
+  want += hello[:n] + [tok.special('<think>'), tok.special('</think>')] + hello[n:]
   assert kimi.render(tok, msgs) == want
 
 
@@ -194,6 +317,10 @@ def test_kimi_k25_tool_calls_parse_back_from_generated_ids(folder):
   assert kimi.parse(tok, tok.encode('<|tool_calls_section_begin|><|tool_call_begin|>x')).tool_calls == ()
   cut = kimi.parse(tok, generated[:generated.index(tok.special('<|tool_calls_section_end|>'))])
   assert cut.tool_calls == calls
+  # The thinking generation prompt ends in <think>, so a sampled response starts inside the reasoning.
+  assert kimi.parse(tok, generated[1:]) == parsed
+  plain = tok.encode('Just do it.') + [tok.special('</think>')] + tok.encode('Done.') + [tok.end_of_message_id]
+  assert kimi.parse(tok, plain) == kimi.Parsed('Done.', 'Just do it.', ())
 
 
 def test_kimi_k25_bad_files_named(folder, tmp_path):
