@@ -176,15 +176,19 @@ def test_draw_keeps_two_twins_at_least_and_f2p_first():
   sites = [f'a.py::f{i}@0' for i in range(5)] + [f'a.py::p{i}@1' for i in range(5)]
   drawn = twins.draw(sites, [f'a.py::f{i}' for i in range(5)], 4, rng)
   assert len(drawn) == 4 and drawn[0].test.startswith('a.py::f')
-  assert {s.test[6] for s in drawn} == {'f', 'p'}
+  assert {s.test[6] for s in drawn} == {'f'}, 'F2P sites first: they run the solution'
+  drawn = twins.draw(sites[:1] + sites[5:], ['a.py::f0'], 4, rng)
+  assert [s.test[6] for s in drawn].count('f') == 1 and len(drawn) == 4
 
 
 def test_check_flags_twins_that_pass_or_vanish():
   planted = [twins.Twin('t.py::test_a', twins.Site('t.py::test_x', 0)),
              twins.Twin('t.py::C::test_b', twins.Site('t.py::C::test_y', 0))]
   assert twins.check(planted, {'t.py::test_a': 'failed', 't.py::C::test_b': 'failed'}, True) == []
-  flags = twins.check(planted, {'t.py::test_a': 'passed'}, True)
+  flags = twins.check(planted, {'t.py::test_a': 'passed', 't.py::test_x': 'passed'}, True)
   assert [f.split(':')[0] for f in flags] == ['mutant twin passed', 'mutant twin missing']
+  # Wrong code may pass a twin (a negated assert): no evidence while the original test fails.
+  assert twins.check(planted[:1], {'t.py::test_a': 'passed', 't.py::test_x': 'failed'}, True) == []
   # Missing is no evidence when the module did not import or the run ended early.
   assert twins.check(planted[:1], {'t.py': 'error'}, True) == []
   assert twins.check(planted[:1], {}, False) == []
