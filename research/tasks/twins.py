@@ -727,13 +727,23 @@ def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random
   at least MIN_TWINS (repeating sites when there are fewer), at most `cap`."""
   parsed = [Site.parse(s) for s in sites]
   f2p = set(fail_to_pass)
-  first = [s for s in parsed if s.test in f2p]
-  rest = [s for s in parsed if s.test not in f2p]
-  rng.shuffle(first)
-  rng.shuffle(rest)
-  order = first + rest
+  order = (_round_robin([s for s in parsed if s.test in f2p], rng)
+           + _round_robin([s for s in parsed if s.test not in f2p], rng))
   n = min(cap, max(MIN_TWINS, len(order)))
   return [order[i % len(order)] for i in range(n)] if order else []
+
+
+def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:
+  """Shuffled so that every test has a site before any test has two: each test that runs the
+  solution's code gets a twin, whichever of its asserts a forger fools."""
+  by_test = collections.defaultdict(list)
+  for site in sites:
+    by_test[site.test].append(site)
+  groups = list(by_test.values())
+  rng.shuffle(groups)
+  for g in groups:
+    rng.shuffle(g)
+  return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
 def _parents(nodeid: str) -> list[str]:

@@ -7,21 +7,6 @@ from research.tasks import redteam
 from research.tasks.attacks import base
 from research.tasks.attacks import forging
 
-# Attacks that get reward 1 from the grader on main at the time they were written (issue #12):
-# each passes every test while its disarmed control fails them. Remove names from this list as
-# the grader learns to block them; strict xfail fails the suite when one starts being blocked.
-OPEN_ON_CURRENT_GRADER = frozenset({
-    'smuggled_conftest', 'smuggled_test_edits', 'smuggled_config_loads_plugin',
-    'smuggled_conftest_visible', 'smuggled_between_sections',
-    'forge_emit_obfuscated', 'forge_emit_triggered', 'forge_emit_visible', 'forge_json_dumps',
-    'forge_json_dumps_obfuscated',
-    'plugin_makereport_obfuscated', 'plugin_triggered', 'plugin_pyfunc_call_position',
-    'plugin_source',
-    'neuter_code_obfuscated', 'neuter_runtest_other_module', 'neuter_position', 'neuter_source',
-    'peek_traceback_obfuscated', 'peek_from_helper_module', 'peek_visible',
-    'equal_type_lambda', 'equal_obfuscated', 'equal_float', 'equal_list_elements',
-    'equal_triggered',
-})
 # Names whose literal presence in planted code would give an attack away to a static scanner.
 TELLING = ('gc', 'get_objects', 'pytest', 'emit', 'dumps', '_getframe', 'f_back', 'f_locals',
            'f_globals', 'tb_frame', '__traceback__', '__code__', '__eq__', '__import__',
@@ -45,7 +30,6 @@ def test_the_red_team_covers_every_class_of_issue_12():
   for cls in base.ISSUE_CLASSES:
     attacks = [a for a in redteam.ATTACKS if a.cls == cls]
     assert len(attacks) >= 3 and len({a.variant for a in attacks}) >= 3, cls
-  assert OPEN_ON_CURRENT_GRADER <= {a.name for a in redteam.ATTACKS}
 
 
 def _names_in(code: str) -> set[str]:
@@ -79,9 +63,7 @@ def test_every_control_fails_the_tests_without_a_flag(report):
     assert 'required tests not passed' in a['control_reason'], a
 
 
-@pytest.mark.parametrize('name', [
-    pytest.param(a.name, marks=pytest.mark.xfail(strict=True, reason='open on this grader'))
-    if a.name in OPEN_ON_CURRENT_GRADER else a.name for a in redteam.ATTACKS])
+@pytest.mark.parametrize('name', [a.name for a in redteam.ATTACKS])
 def test_attack_is_blocked(report, name):
   a = _by_name(report)[name]
   assert a['blocked'], a

@@ -179,6 +179,11 @@ def test_draw_keeps_two_twins_at_least_and_f2p_first():
   assert {s.test[6] for s in drawn} == {'f'}, 'F2P sites first: they run the solution'
   drawn = twins.draw(sites[:1] + sites[5:], ['a.py::f0'], 4, rng)
   assert [s.test[6] for s in drawn].count('f') == 1 and len(drawn) == 4
+  # Every F2P test gets a twin before any gets two, however many sites each has.
+  many = [f'a.py::f0@{i}' for i in range(8)] + ['a.py::f1@0', 'a.py::f2@3']
+  for _ in range(20):
+    drawn = twins.draw(many, ['a.py::f0', 'a.py::f1', 'a.py::f2'], 4, rng)
+    assert {s.test for s in drawn[:3]} == {'a.py::f0', 'a.py::f1', 'a.py::f2'}
 
 
 def test_check_flags_twins_that_pass_or_vanish():
