@@ -29,6 +29,7 @@ from pathlib import Path
 import random
 import re
 import string
+import typing
 
 MIN_TWINS = 2
 FAILED = 'failed'
@@ -75,8 +76,8 @@ class Site:
     return self.test.split('::', 1)[0]
 
 
-@dataclasses.dataclass(frozen=True)
-class Twin:
+class Twin(typing.NamedTuple):
+  """A twin planted for one grading: its node id, and the site of the test it copies."""
   nodeid: str
   site: Site
 

@@ -14,13 +14,16 @@ def _load(task_dir, task_id):
   return t, task_dir / t.grading_tree, task_lib.read_solutions(task_dir)[t.id].patch
 
 
+def _neutered_tests(tree):
+  """A diff that replaces the tests of tests/test_core.py with one that always passes."""
+  return patch_lib.file_diff('tests/test_core.py', patch_lib.read_entry(tree / 'tests/test_core.py'),
+                             (b'def test_nothing():\n  pass\n', '100644'))
+
+
 def test_diff_touching_only_protected_paths_is_rejected(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   t, tree, _ = _load(task_dir, 'textops.core.title_case.body')
-  test_file = tree / 'tests/test_core.py'
-  diff = patch_lib.file_diff('tests/test_core.py', patch_lib.read_entry(test_file),
-                             (b'def test_nothing():\n  pass\n', '100644'))
-  g = grading.grade(t, tree, diff)
+  g = grading.grade(t, tree, _neutered_tests(tree))
   assert g.reward == 0.0 and g.reason == 'no applicable source changes'
   assert g.tamper == ['protected path changed: tests/test_core.py']
 
@@ -80,9 +83,7 @@ def test_every_fixture_reference_applies_strictly_and_grades_1(fixture_tasks):
 def test_a_test_file_smuggled_after_an_allowed_hunk_is_tampering(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   t, tree, reference = _load(task_dir, 'textops.core.title_case.body')
-  test_file = tree / 'tests/test_core.py'
-  neutered = patch_lib.file_diff('tests/test_core.py', patch_lib.read_entry(test_file),
-                                 (b'def test_nothing():\n  pass\n', '100644'))
+  neutered = _neutered_tests(tree)
   smuggled = reference + neutered[neutered.index('--- '):]
   g = grading.grade(t, tree, smuggled)
   assert g.reward == 0.0 and g.tamper[0].startswith('Smuggled file section: line ')
