@@ -85,6 +85,14 @@ class Group:
     return math.prod(d.local for d in self.dims)
 
 
+def exchange_dtype(ns_dtype, param_dtype) -> np.dtype:
+  """What a leaf is exchanged and iterated in: `ns_dtype`, or for a complex leaf the complex dtype
+  that holds it (complex64 at least: there is no complex bf16)."""
+  if jnp.issubdtype(param_dtype, jnp.complexfloating):
+    return np.dtype(jnp.promote_types(ns_dtype, jnp.complex64))
+  return np.dtype(ns_dtype)
+
+
 def normalize_axes(dim_nums: MuonDimensionNumbers, ndim: int,
                    where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
   """Non-negative (reduction, output) axes; fails naming the leaf if they don't fit its rank."""

@@ -44,6 +44,7 @@ PRESETS: dict[str, tuple[tuple[float, float, float], ...]] = {
                            for a, b, c in _POLAR_EXPRESS_RAW[:-1]) + _POLAR_EXPRESS_RAW[-1:],
 }
 DEFAULT_STEPS = 5
+PRECONDITIONINGS = ('frobenius', 'spectral', 'aol', 'schatten')
 
 
 def schedule(ns_coeffs: str | Sequence[float] | Sequence[Sequence[float]],
@@ -73,19 +74,50 @@ def schedule(ns_coeffs: str | Sequence[float] | Sequence[Sequence[float]],
   return tuple(rows[min(i, len(rows) - 1)] for i in range(steps))
 
 
+def _gram(x_BxPxQ: jax.Array) -> jax.Array:
+  """X X^H (the conjugate only matters for complex matrices)."""
+  return x_BxPxQ @ jnp.swapaxes(x_BxPxQ.conj(), -1, -2)
+
+
+def _frobenius(x: jax.Array) -> jax.Array:
+  return jnp.sqrt(jnp.sum(jnp.real(x * x.conj()), axis=(-2, -1), keepdims=True))
+
+
+def _rescaled(x_BxPxQ: jax.Array, a_BxPxP: jax.Array, preconditioning: str,
+              eps: float) -> tuple[jax.Array, jax.Array]:
+  """The first step's X and A = X X^H rescaled from A itself, at no extra matmul: 'aol' scales
+  row i by 1/sqrt(sum_j |A_ij|) (arXiv:2512.04632), 'schatten' everything by 1/||X||_S4 =
+  ||A||_F^-1/2 (arXiv:2506.10935)."""
+  if preconditioning == 'aol':
+    s_BxPx1 = jax.lax.rsqrt(jnp.maximum(jnp.abs(a_BxPxP).sum(-1, keepdims=True), eps))
+    return x_BxPxQ * s_BxPx1, a_BxPxP * s_BxPx1 * jnp.swapaxes(s_BxPx1, -1, -2)
+  s_Bx1x1 = jax.lax.rsqrt(jnp.maximum(_frobenius(a_BxPxP), eps))
+  return x_BxPxQ * s_Bx1x1, a_BxPxP * (s_Bx1x1 * s_Bx1x1)
+
+
 def orthogonalize(x_BxPxQ: jax.Array, coeffs: Coeffs, eps: float = 1e-8,
-                  dtype: jnp.dtype | None = None) -> jax.Array:
+                  dtype: jnp.dtype | None = None, preconditioning: str = 'frobenius') -> jax.Array:
   """Approximate polar factor of each matrix in a batch; rows <= cols expected (cheaper side).
 
-  Each matrix is divided by its own Frobenius norm (computed in the input dtype, at least f32),
-  then iterated in `dtype` (default: the input's). The result has the input's dtype.
+  `preconditioning` (optax's modes): 'frobenius' and 'spectral' divide each matrix by that norm
+  (computed in the input dtype, at least f32) before iterating; 'aol' and 'schatten' rescale
+  inside the first step instead (`_rescaled`). Iterations run in `dtype` (default: the input's);
+  complex matrices use the conjugate transpose. The result has the input's dtype.
   """
+  if preconditioning not in PRECONDITIONINGS:
+    raise ValueError(f'preconditioning: expected one of {PRECONDITIONINGS}, got '
+                     f'{preconditioning!r}')
   out_dtype = x_BxPxQ.dtype
   x = x_BxPxQ.astype(jnp.promote_types(out_dtype, jnp.float32))
-  norm = jnp.sqrt(jnp.sum(x * x, axis=(-2, -1), keepdims=True))
-  x = (x / (norm + eps)).astype(dtype or out_dtype)
-  for a, b, c in coeffs:
-    a_BxPxP = x @ jnp.swapaxes(x, -1, -2)
+  if preconditioning == 'frobenius':
+    x = x / (_frobenius(x) + eps)
+  elif preconditioning == 'spectral':
+    x = x / (jnp.linalg.norm(x, ord=2, axis=(-2, -1), keepdims=True) + eps)
+  x = x.astype(dtype or out_dtype)
+  for i, (a, b, c) in enumerate(coeffs):
+    a_BxPxP = _gram(x)
+    if i == 0 and preconditioning in ('aol', 'schatten'):
+      x, a_BxPxP = _rescaled(x, a_BxPxP, preconditioning, eps)
     x = a * x + (b * a_BxPxP + c * a_BxPxP @ a_BxPxP) @ x
   return x.astype(out_dtype)
 

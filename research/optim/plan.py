@@ -125,7 +125,7 @@ def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_
       d = muon_lib.leaf_dimension_numbers(d, len(x.shape), where)
       leaf = exchange_lib.leaf_layout(x.shape, spec, d, mesh_shape, spread_axes, where)
       leaves.append(leaf)
-      dtypes.append(ns_dtype)
+      dtypes.append(exchange_lib.exchange_dtype(ns_dtype, x.dtype))
       local_bytes += local * itemsize
       state_bytes += local * moment
       global_counts.append(math.prod(x.shape) // math.prod(d.size for d in leaf.dims))
