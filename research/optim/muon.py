@@ -281,6 +281,9 @@ def _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning, weight_dimension_
                                      dict(mesh.shape) if mesh is not None else {})
   if exchange not in exchange_lib.EXCHANGES:
     raise ValueError(f'exchange: expected one of {exchange_lib.EXCHANGES}, got {exchange!r}')
+  if exchange == 'balanced' and preconditioning == 'spectral':
+    raise ValueError("exchange: 'balanced' may split matrices; preconditioning 'spectral' needs "
+                     "them whole")
   return _Orthogonalizer(
       ns=functools.partial(newton_schulz.orthogonalize, coeffs=coeffs, eps=eps,
                            preconditioning=preconditioning),
@@ -326,8 +329,8 @@ def scale_by_muon(
     spread_axes: replicated mesh axes a leaf's matrices are split over (then all-gathered), or a
       callable of the leaf's path returning them; None: all of them for leaves that need an
       exchange, none for leaves already whole (docs/muon.md, Layouts).
-    exchange: 'all_to_all' (the sharded design) or 'all_gather' (every device gathers whole
-      matrices and runs NS on all of them: the ZeRO-1 baseline).
+    exchange: 'all_to_all' (the sharded design), 'balanced' (the same, but a few huge matrices
+      are split by columns over their exchange group) or 'all_gather' (ZeRO-1 baseline).
     chunk_bytes: per-device payload of one exchange chunk; smaller chunks overlap more.
   """
   orthogonalize = _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning,

@@ -193,12 +193,17 @@ def _group_costs(muon: _MuonLeaves, mesh_shape, exchange: str, chunk_bytes: int,
       payload = g.padded // r * g.local_elems * item
       per_m, per_r = 2 * payload / s, payload
       collectives = 2 * len(g.chunks) * (s > 1) + (r > 1)
+      if g.split > 1:  # All-reduces of X X^T every step and of the squared norms (f32 or wider).
+        norm = np.finfo(np.promote_types(g.dtype, np.float32)).bits // 8
+        per_m += 2 * per_device * (steps * g.shape[0] ** 2 * item + norm) / s
+        collectives += steps + 1
     intra, inter = per_m * m_in + per_r * r_in, per_m * m_out + per_r * r_out
     matrices = sum(muon.global_counts[i] for i in g.leaves)
+    shape = (g.shape[0], g.shape[1] * g.split)
     out.append(_GroupCost(
-        GroupPlan(g.shape, matrices, per_device, s, r, intra + inter, intra, inter, collectives,
+        GroupPlan(shape, matrices, per_device, s, r, intra + inter, intra, inter, collectives,
                   bool(m_out or r_out)),
-        per_device * newton_schulz.flops(*g.shape, steps), len(g.chunks)))
+        per_device * newton_schulz.flops(*shape, steps, g.split), len(g.chunks)))
   return out
 
 

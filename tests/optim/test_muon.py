@@ -13,6 +13,7 @@ from optax.contrib import MuonDimensionNumbers as Dims
 from experiments.benchmarks.trees import moe_tree
 from research.optim import muon as muon_lib
 from research.optim import newton_schulz
+from research.optim import plan as plan_lib
 from research.parallel import mesh as mesh_lib
 from research.parallel import sharding as sharding_lib
 
@@ -118,6 +119,25 @@ def test_preconditioning_equals_optax_on_mesh(kwargs):
   _assert_close(_run(opt, params, grads), _reference(**kwargs))
 
 
+@pytest.mark.parametrize('mesh_spec', ['fsdp:8', 'fsdp:2,expert:2,tensor:2'])
+def test_balanced_exchange_splits_matrices_and_equals_optax(mesh_spec):
+  """exchange='balanced' splits the columns of the 3-matrix stacks over the exchange group (fewer
+  NS FLOPs per device than padding them to 8 whole matrices) and still computes optax's update."""
+  mesh = mesh_lib.make_mesh(mesh_spec)
+  shapes, axes, dims = _tree()
+  mesh_shape = dict(mesh.shape)
+  flops = {e: plan_lib.plan(shapes, axes, mesh_shape, weight_dimension_numbers=dims,
+                            exchange=e).ns_flops_per_device for e in ('all_to_all', 'balanced')}
+  assert flops['balanced'] < flops['all_to_all']
+  shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
+  params = jax.device_put(_random(shapes, 0), shardings)
+  grads = jax.device_put(_random(shapes, 1), shardings)
+  for kwargs in ({'weight_decay': 0.1}, {'preconditioning': 'aol'}):
+    opt = muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, mesh=mesh, shardings=shardings,
+                        exchange='balanced', **kwargs)
+    _assert_close(_run(opt, params, grads), _reference(**kwargs))
+
+
 def test_complex_leaves_equal_optax_on_mesh():
   """Complex matrices are exchanged as complex64 (never cast to the real ns_dtype) and
   orthogonalized with the conjugate transpose."""
@@ -193,6 +213,7 @@ def test_default_labels_and_state_sharding():
     (dict(ns_steps=0), 'ns_steps'),
     (dict(exchange='ring'), 'exchange'),
     (dict(preconditioning='newton'), 'preconditioning'),
+    (dict(exchange='balanced', preconditioning='spectral'), "exchange: 'balanced'"),
     (dict(spread_axes=('pipeline',)), "spread_axes at <all leaves>: mesh axis 'pipeline'"),
     (dict(shardings={'w': P('fsdp', 'model')}), "shardings at w: mesh axis 'model'"),
     (dict(muon_weight_dimension_numbers={'w': Dims(0.5, 1)}), 'weight_dimension_numbers at w'),

@@ -50,6 +50,7 @@ def _compile(mesh_spec, **kwargs):
     ('data:2,fsdp:2,expert:2', {}),
     ('fsdp:2,expert:2,tensor:2', {'exchange': 'all_gather'}),
     ('fsdp:8', {}),
+    ('fsdp:8', {'exchange': 'balanced'}),
 ])
 def test_plan_matches_compiled(mesh_spec, kwargs):
   compiled, plan = _compile(mesh_spec, **kwargs)
@@ -198,15 +199,19 @@ def test_hlo_stats_counts_ragged_exchanges_but_not_their_worst_case_bytes():
   assert hlo_stats.collective_bytes(RAGGED_HLO) == 8 * 8 * 7 / 8  # Only the offsets' all-to-all.
 
 
-@pytest.mark.parametrize('mesh_spec', ['fsdp:2,expert:4', 'data:2,fsdp:2,expert:2'])
-def test_link_classes_match_compiled_on_two_nodes(mesh_spec):
+@pytest.mark.parametrize('mesh_spec, exchange', [('fsdp:2,expert:4', 'all_to_all'),
+                                                 ('data:2,fsdp:2,expert:2', 'all_to_all'),
+                                                 ('fsdp:8', 'balanced')])
+def test_link_classes_match_compiled_on_two_nodes(mesh_spec, exchange):
   """8 devices as 2 nodes of 4: the bytes the compiled program sends inside and across nodes
-  (its replica groups name the devices) equal the topology model's split."""
-  compiled, _ = _compile(mesh_spec)
+  (its replica groups name the devices) equal the topology model's split; 'balanced' adds the
+  all-reduces of split matrices."""
+  compiled, _ = _compile(mesh_spec, **({} if exchange == 'all_to_all' else {'exchange': exchange}))
   shapes, axes, dims = moe_tree(**SIZES)
   topology = plan_lib.Topology(devices_per_node=4)
   plan = plan_lib.plan(shapes, axes, mesh_lib.parse_mesh_spec(mesh_spec),
-                       weight_dimension_numbers=dims, topology=topology, peak_flops=1e12)
+                       weight_dimension_numbers=dims, exchange=exchange, topology=topology,
+                       peak_flops=1e12)
   hlo = compiled.as_text()
   for device in (0, 5):
     sent = hlo_stats.collective_bytes_by_link(hlo, 4, device)
