@@ -11,8 +11,8 @@
                 chunk_bytes) -> optax.GradientTransformation   (momentum + NS, no lr)
   state_shardings(state, params, shardings, mesh=None) -> pytree of NamedSharding
 
-With the same hyperparameters `muon` computes what `optax.contrib.muon` computes (frobenius
-preconditioning). Additions: `mesh` + `shardings` (a pytree, or prefix, of NamedSharding,
+With the same hyperparameters `muon` computes what `optax.contrib.muon` computes (every
+`preconditioning`, complex leaves; optax's own tests: tests/optim/test_optax_muon_parity.py). Additions: `mesh` + `shardings` (a pytree, or prefix, of NamedSharding,
 PartitionSpec or logical-axis tuples, as the params are laid out; logical axes are mapped by the
 rules current when traced: research/parallel/sharding.use_rules, which the Trainer enters) make NS
 run on whole matrices spread over the devices (see exchange.py); `ns_dtype` (default bf16 on
