@@ -23,6 +23,7 @@ NS, after the exchange, on whole matrices.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -32,7 +33,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers
 
-EXCHANGES = ('all_to_all', 'all_gather')
+EXCHANGES = ('all_to_all', 'all_gather', 'balanced')
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 
@@ -68,6 +69,8 @@ class Group:
   padded: int                    # Local batch after padding: a multiple of R * S.
   chunks: tuple[int, ...]        # Whole matrices per device in each chunk.
   dtype: np.dtype                # Dtype exchanged and iterated.
+  split: int = 1                 # S when each matrix's columns are split over M (`dims` then
+                                 # describe one column set); 1: whole matrices.
 
   @property
   def exchange_size(self) -> int:
@@ -83,6 +86,14 @@ class Group:
   def local_elems(self) -> int:
     """Elements of one matrix's local shard."""
     return math.prod(d.local for d in self.dims)
+
+
+def exchange_dtype(ns_dtype, param_dtype) -> np.dtype:
+  """What a leaf is exchanged and iterated in: `ns_dtype`, or for a complex leaf the complex dtype
+  that holds it (complex64 at least: there is no complex bf16)."""
+  if jnp.issubdtype(param_dtype, jnp.complexfloating):
+    return np.dtype(jnp.promote_types(ns_dtype, jnp.complex64))
+  return np.dtype(ns_dtype)
 
 
 def normalize_axes(dim_nums: MuonDimensionNumbers, ndim: int,
@@ -172,10 +183,22 @@ def leaf_layout(shape: Sequence[int], spec: P | None, dim_nums: MuonDimensionNum
               count=math.prod(local[:len(batch)]), dims=dims, n_rows=len(red), spread=spread)
 
 
+def _splits(dims: Sequence[Dim], n_rows: int, count: int, s: int) -> bool:
+  """Whether splitting each matrix's columns over the S exchange devices (X X^T and B X split,
+  A A repeated) lowers a device's NS FLOPs below whole matrices padded to a multiple of S: the
+  case of a few huge matrices on a wide group."""
+  p = math.prod(d.size for d in dims[:n_rows])
+  q = math.prod(d.size for d in dims[n_rows:])
+  if s == 1 or dims[-1].local % s:
+    return False
+  return count * (2 * q / s + p) < -(-count // s) * (2 * q + p)
+
+
 def plan_groups(leaves: Sequence[Leaf], dtypes: Sequence[np.dtype], mesh_shape: Mapping[str, int],
                 exchange: str = 'all_to_all',
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Group]:
-  """Groups leaves with equal local matrix layout, dtype and spread axes; pads and chunks them."""
+  """Groups leaves with equal local matrix layout, dtype and spread axes; pads and chunks them.
+  With exchange='balanced', a group whose matrices are better split (`_splits`) is."""
   if exchange not in EXCHANGES:
     raise ValueError(f'exchange: expected one of {EXCHANGES}, got {exchange!r}')
   keyed: dict[tuple, list[int]] = {}
@@ -195,20 +218,25 @@ def plan_groups(leaves: Sequence[Leaf], dtypes: Sequence[np.dtype], mesh_shape: 
         kept.append(n)
         r_size *= mesh_shape[n]
     spread = tuple(kept)
+    split = s_size if exchange == 'balanced' and _splits(dims, n_rows, sum(counts), s_size) else 1
     if exchange == 'all_gather':  # Every device runs NS on all its matrices, whole.
       spread, r_size, padded, per_device = (), 1, sum(counts), sum(counts)
+    elif split > 1:  # Column set k of every matrix goes to device k: no padding, no spreading.
+      last = dims[-1]
+      dims = dims[:-1] + (Dim(last.size // split, last.axes, last.local // split),)
+      spread, r_size, padded, per_device = (), 1, split * sum(counts), sum(counts)
     else:
       unit = r_size * s_size
       padded = -(-sum(counts) // unit) * unit
       per_device = padded // unit
     step = max(1, chunk_bytes // (math.prod(d.size for d in dims) * dt.itemsize))
-    if exchange == 'all_gather' or s_size == 1:  # No all-to-all to overlap: one batched NS.
+    if exchange == 'all_gather' or s_size == 1 or split > 1:  # One batched NS.
       step = max(per_device, 1)
     chunks = tuple(min(step, per_device - s) for s in range(0, per_device, step))
     groups.append(Group(
         leaves=tuple(idx), counts=counts, dims=dims, n_rows=n_rows, exchange_axes=m_axes,
         exchange_sizes=tuple(mesh_shape[n] for n in m_axes), spread_axes=spread,
-        spread_size=r_size, padded=padded, chunks=chunks, dtype=dt))
+        spread_size=r_size, padded=padded, chunks=chunks, dtype=dt, split=split))
   return groups
 
 
@@ -245,7 +273,9 @@ def _shards(y: jax.Array, g: Group) -> jax.Array:
   return y.reshape((g.exchange_size * c,) + local)
 
 
-def _all_to_all_group(x: jax.Array, g: Group, ns: Callable[[jax.Array], jax.Array]) -> jax.Array:
+def _all_to_all_group(x: jax.Array, g: Group, ns: Callable[..., jax.Array]) -> jax.Array:
+  if g.split > 1:  # Each device holds one column set of every matrix: NS sums X X^T over M.
+    ns = functools.partial(ns, axis_name=g.exchange_axes)
   x = jnp.pad(x, [(0, g.padded - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
   if g.spread_size > 1:  # Replicas each take their share; no traffic.
     x = x.reshape((g.spread_size, -1) + x.shape[1:])
@@ -274,21 +304,26 @@ def _all_gather_group(x: jax.Array, g: Group, ns: Callable[[jax.Array], jax.Arra
 
 
 def run(xs: Sequence[jax.Array], leaves: Sequence[Leaf], groups: Sequence[Group],
-        ns: Callable[[jax.Array], jax.Array], exchange: str = 'all_to_all') -> list[jax.Array]:
+        ns: Callable[..., jax.Array], exchange: str = 'all_to_all') -> list[jax.Array]:
   """Orthogonalizes local blocks `xs` (inside shard_map over the full mesh, or unsharded).
 
-  `ns` maps (c, p, q) whole matrices to their orthogonalization in the same dtype.
+  `ns` maps (c, p, q) whole matrices to their orthogonalization in the same dtype; with
+  `axis_name`, (c, p, q') column sets of matrices whose other columns are on those mesh axes.
+  Split groups order their batch (column set, matrix), so device k receives column set k.
   """
-  group_fn = _all_to_all_group if exchange == 'all_to_all' else _all_gather_group
+  group_fn = _all_gather_group if exchange == 'all_gather' else _all_to_all_group
   out = [None] * len(xs)
   for g in groups:
-    blocks = [xs[i].transpose(leaves[i].perm).reshape((leaves[i].count,) + tuple(
-        d.local for d in g.dims)).astype(g.dtype) for i in g.leaves]
-    y = group_fn(jnp.concatenate(blocks) if len(blocks) > 1 else blocks[0], g, ns)
+    sub = tuple(d.local for d in g.dims)
+    blocks = [xs[i].transpose(leaves[i].perm).reshape(
+        (leaves[i].count,) + sub[:-1] + (g.split, sub[-1])) for i in g.leaves]
+    x = jnp.moveaxis(jnp.concatenate(blocks) if len(blocks) > 1 else blocks[0], -2, 0)
+    y = group_fn(x.reshape((-1,) + sub).astype(g.dtype), g, ns)
+    y = y.reshape((g.split, -1) + sub)
     start = 0
     for i, n in zip(g.leaves, g.counts):
       leaf = leaves[i]
-      block = y[start:start + n].reshape(leaf.local_shape).transpose(np.argsort(leaf.perm))
-      out[i] = block.astype(xs[i].dtype)
+      block = jnp.moveaxis(y[:, start:start + n], 0, -2).reshape(leaf.local_shape)
+      out[i] = block.transpose(np.argsort(leaf.perm)).astype(xs[i].dtype)
       start += n
   return out

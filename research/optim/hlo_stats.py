@@ -9,7 +9,10 @@ XLA:GPU's programs, whose matmuls are gemm fusions or cuBLAS/cuDNN custom-calls.
 """
 
 import dataclasses
+import math
 import re
+
+import numpy as np
 
 COLLECTIVES = ('all-to-all', 'ragged-all-to-all', 'all-gather', 'all-reduce', 'reduce-scatter',
                'collective-permute')
@@ -116,15 +119,10 @@ def collective_ops(hlo: str) -> dict[str, int]:
   return out
 
 
-def collective_bytes(hlo: str) -> float:
-  """Bytes one device sends in all collectives of the program.
-
-  A ragged-all-to-all is left out: what it sends depends on the data (its static shape is the
-  worst-case buffer).
-  """
-  total = 0.0
-  comps = computations(hlo)
-  for name, instrs in comps.items():
+def _collectives(hlo: str):
+  """(kind, line naming the groups, bytes one device sends) of every collective but
+  ragged-all-to-all: what that sends depends on the data (its static shape is the worst case)."""
+  for name, instrs in computations(hlo).items():
     if name == 'ENTRY':
       continue
     by_name = {ins.name: ins for ins in instrs}
@@ -133,7 +131,66 @@ def collective_bytes(hlo: str) -> float:
       if kind in COLLECTIVES and kind != 'ragged-all-to-all' and not ins.opcode.endswith('-start'):
         # A `-done` names its groups only through its `-start` (XLA:GPU prints them there).
         start = by_name.get(ins.operands[0]) if ins.opcode.endswith('-done') else None
-        total += _sent(kind, _group_size((start or ins).line), ins.result_bytes)
+        line = (start or ins).line
+        yield kind, line, _sent(kind, _group_size(line), ins.result_bytes)
+
+
+def collective_bytes(hlo: str) -> float:
+  """Bytes one device sends in all collectives of the program."""
+  return sum((sent for _, _, sent in _collectives(hlo)), 0.0)
+
+
+def replica_groups(line: str) -> list[list[int]] | None:
+  """Device groups of a collective: `{{0,1},{2,3}}`, or the iota form `[G,S]<=[dims]T(perm)`
+  (iota over dims, transposed by perm, reshaped to G groups of S); a permute's source-target pairs."""
+  m = re.search(r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', line)
+  if m:
+    dims = [int(d) for d in m[3].split(',')]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if m[4]:
+      ids = ids.transpose([int(p) for p in m[4].split(',')])
+    return ids.reshape(int(m[1]), int(m[2])).tolist()
+  m = re.search(r'(?:replica_groups|source_target_pairs)=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}', line)
+  if m:
+    return [[int(d) for d in g.split(',') if d] for g in re.findall(r'\{([\d,]*)\}', m[1])]
+  return None
+
+
+def collective_bytes_by_link(hlo: str, devices_per_node: int, device: int = 0) -> dict[str, float]:
+  """Bytes `device` sends to devices on its own node ('intra') and on others ('inter'), devices
+  numbered as the mesh flattens them (node = id // devices_per_node); each collective's bytes are
+  split evenly over the peers of `device`'s group."""
+  out = {'intra': 0.0, 'inter': 0.0}
+  for _, line, sent in _collectives(hlo):
+    group = next((g for g in replica_groups(line) or () if device in g), None)
+    if not group or len(group) < 2:
+      continue
+    intra = sum(d // devices_per_node == device // devices_per_node for d in group) - 1
+    out['intra'] += sent * intra / (len(group) - 1)
+    out['inter'] += sent * (len(group) - 1 - intra) / (len(group) - 1)
+  return out
+
+
+def _dims(line: str) -> list[int]:
+  """Dimensions of an instruction's (first) result array."""
+  m = _ARRAY.search(line.split('=', 1)[1])
+  return [int(d) for d in m[2].split(',') if d] if m else []
+
+
+def matmul_flops(hlo: str) -> float:
+  """2 x result elements x contracted extent, over the dots of every computation (each counted
+  once, so for programs without loops: NS unrolls its steps)."""
+  total = 0.0
+  for name, instrs in computations(hlo).items():
+    if name == 'ENTRY':
+      continue
+    by_name = {ins.name: ins for ins in instrs}
+    for ins in instrs:
+      if ins.opcode == 'dot':
+        lhs = _dims(by_name[ins.operands[0]].line)
+        contracting = re.search(r'lhs_contracting_dims=\{([\d,]*)\}', ins.line)[1]
+        k = math.prod(lhs[int(c)] for c in contracting.split(',') if c)
+        total += 2 * math.prod(_dims(ins.line)) * k
   return total
 
 

@@ -11,8 +11,8 @@
                 chunk_bytes) -> optax.GradientTransformation   (momentum + NS, no lr)
   state_shardings(state, params, shardings, mesh=None) -> pytree of NamedSharding
 
-With the same hyperparameters `muon` computes what `optax.contrib.muon` computes (frobenius
-preconditioning). Additions: `mesh` + `shardings` (a pytree, or prefix, of NamedSharding,
+With the same hyperparameters `muon` computes what `optax.contrib.muon` computes (every
+`preconditioning`, complex leaves; optax's own tests: tests/optim/test_optax_muon_parity.py). Additions: `mesh` + `shardings` (a pytree, or prefix, of NamedSharding,
 PartitionSpec or logical-axis tuples, as the params are laid out; logical axes are mapped by the
 rules current when traced: research/parallel/sharding.use_rules, which the Trainer enters) make NS
 run on whole matrices spread over the devices (see exchange.py); `ns_dtype` (default bf16 on
@@ -226,8 +226,8 @@ class _Orthogonalizer:
       leaves.append(exchange_lib.leaf_layout(
           x.shape, named and named[i].spec, leaf_dimension_numbers(dims[i], x.ndim, where),
           mesh_shape, self.spread_axes, where))
-    groups = exchange_lib.plan_groups(leaves, [self.ns_dtype] * len(leaves), mesh_shape,
-                                      self.exchange, self.chunk_bytes)
+    dtypes = [exchange_lib.exchange_dtype(self.ns_dtype, flat[i][1].dtype) for i in active]
+    groups = exchange_lib.plan_groups(leaves, dtypes, mesh_shape, self.exchange, self.chunk_bytes)
     return Layouts(flat, treedef, active, leaves, groups, named)
 
   def __call__(self, tree):
@@ -267,10 +267,13 @@ def _momentum(updates, state: MuonState, beta: float, nesterov: bool):
   return mu, mu_hat, count_inc
 
 
-def _orthogonalizer(ns_coeffs, ns_steps, eps, weight_dimension_numbers, mesh, shardings, ns_dtype,
-                    spread_axes, exchange, chunk_bytes) -> _Orthogonalizer:
+def _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning, weight_dimension_numbers, mesh,
+                    shardings, ns_dtype, spread_axes, exchange, chunk_bytes) -> _Orthogonalizer:
   """Checks scale_by_muon's arguments, failing on the first bad one by name."""
   coeffs = newton_schulz.schedule(ns_coeffs, ns_steps)
+  if preconditioning not in newton_schulz.PRECONDITIONINGS:
+    raise ValueError(f'preconditioning: expected one of {newton_schulz.PRECONDITIONINGS}, got '
+                     f'{preconditioning!r}')
   _check_dims(weight_dimension_numbers)
   mesh = _check_shardings(shardings, mesh)
   if not callable(spread_axes):
@@ -278,8 +281,12 @@ def _orthogonalizer(ns_coeffs, ns_steps, eps, weight_dimension_numbers, mesh, sh
                                      dict(mesh.shape) if mesh is not None else {})
   if exchange not in exchange_lib.EXCHANGES:
     raise ValueError(f'exchange: expected one of {exchange_lib.EXCHANGES}, got {exchange!r}')
+  if exchange == 'balanced' and preconditioning == 'spectral':
+    raise ValueError("exchange: 'balanced' may split matrices; preconditioning 'spectral' needs "
+                     "them whole")
   return _Orthogonalizer(
-      ns=functools.partial(newton_schulz.orthogonalize, coeffs=coeffs, eps=eps),
+      ns=functools.partial(newton_schulz.orthogonalize, coeffs=coeffs, eps=eps,
+                           preconditioning=preconditioning),
       weight_dimension_numbers=weight_dimension_numbers, mesh=mesh, shardings=shardings,
       ns_dtype=jnp.dtype(ns_dtype or default_ns_dtype()), spread_axes=spread_axes,
       exchange=exchange, chunk_bytes=chunk_bytes)
@@ -294,6 +301,7 @@ def scale_by_muon(
     *,
     nesterov: bool = True,
     adaptive: bool = False,
+    preconditioning: str = 'frobenius',
     weight_dimension_numbers: Any = None,
     mesh: Mesh | None = None,
     shardings: Any = None,
@@ -307,27 +315,27 @@ def scale_by_muon(
   Args:
     ns_coeffs: preset name, (a, b, c) or a per-step list of them (newton_schulz.schedule).
     ns_steps: NS steps; None: 5 for one triple, the list's length for a per-step list.
-    beta: momentum decay.
-    eps: added to each matrix's Frobenius norm.
-    mu_dtype: momentum dtype (default: the params').
-    nesterov: Nesterov momentum.
+    beta, eps, mu_dtype, nesterov: momentum decay, added to norms, momentum dtype (default: the
+      params'), Nesterov momentum.
     adaptive: scale each update by <momentum, update> (arXiv:2409.20325).
+    preconditioning: 'frobenius', 'spectral', 'aol' or 'schatten' (newton_schulz.orthogonalize).
     weight_dimension_numbers: MuonDimensionNumbers per leaf (tree, prefix or callable of the
       updates); None: every leaf is a 2-d (reduction, output) matrix.
     mesh: the device mesh; None: single device, or taken from NamedSharding shardings.
     shardings: how the params are sharded (tree or prefix of NamedSharding / PartitionSpec, or of
       logical-axis tuples mapped by the rules current when traced); None with a mesh: replicated.
-    ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere.
-    spread_axes: replicated mesh axes over which a leaf's matrices are split (then all-gathered),
-      or a callable of the leaf's path returning them; None: all of them for leaves that need an
-      exchange, none for leaves already whole. E.g. `lambda path: None if '/moe/' in path else
-      ()`: experts spread wide, dense weights stay in their (narrow) exchange group.
-    exchange: 'all_to_all' (the sharded design) or 'all_gather' (every device gathers whole
-      matrices and runs NS on all of them: the ZeRO-1 baseline).
+    ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere (complex leaves:
+      the complex dtype holding it, complex64 at least).
+    spread_axes: replicated mesh axes a leaf's matrices are split over (then all-gathered), or a
+      callable of the leaf's path returning them; None: all of them for leaves that need an
+      exchange, none for leaves already whole (docs/muon.md, Layouts).
+    exchange: 'all_to_all' (the sharded design), 'balanced' (the same, but a few huge matrices
+      are split by columns over their exchange group) or 'all_gather' (ZeRO-1 baseline).
     chunk_bytes: per-device payload of one exchange chunk; smaller chunks overlap more.
   """
-  orthogonalize = _orthogonalizer(ns_coeffs, ns_steps, eps, weight_dimension_numbers, mesh,
-                                  shardings, ns_dtype, spread_axes, exchange, chunk_bytes)
+  orthogonalize = _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning,
+                                  weight_dimension_numbers, mesh, shardings, ns_dtype, spread_axes,
+                                  exchange, chunk_bytes)
 
   def init_fn(params):
     orthogonalize.layouts(params)  # Fails here, naming the leaf, on dims or shardings that misfit.
@@ -387,6 +395,7 @@ def muon(
     *,
     nesterov: bool = True,
     adaptive: bool = False,
+    preconditioning: str = 'frobenius',
     adam_b1: float = 0.9,
     adam_b2: float = 0.999,
     adam_eps_root: float = 0.0,
@@ -413,8 +422,8 @@ def muon(
           'muon': optax.chain(
               scale_by_muon(
                   ns_coeffs, ns_steps, beta, eps, mu_dtype, nesterov=nesterov,
-                  adaptive=adaptive, weight_dimension_numbers=dims, mesh=mesh,
-                  shardings=shardings, **ns_options),
+                  adaptive=adaptive, preconditioning=preconditioning,
+                  weight_dimension_numbers=dims, mesh=mesh, shardings=shardings, **ns_options),
               scale_by_shape(dims, consistent_rms),
               optax.add_decayed_weights(weight_decay, weight_decay_mask),
               optax.scale_by_learning_rate(learning_rate),

@@ -44,6 +44,7 @@ PRESETS: dict[str, tuple[tuple[float, float, float], ...]] = {
                            for a, b, c in _POLAR_EXPRESS_RAW[:-1]) + _POLAR_EXPRESS_RAW[-1:],
 }
 DEFAULT_STEPS = 5
+PRECONDITIONINGS = ('frobenius', 'spectral', 'aol', 'schatten')
 
 
 def schedule(ns_coeffs: str | Sequence[float] | Sequence[Sequence[float]],
@@ -73,24 +74,66 @@ def schedule(ns_coeffs: str | Sequence[float] | Sequence[Sequence[float]],
   return tuple(rows[min(i, len(rows) - 1)] for i in range(steps))
 
 
+def _psum(x: jax.Array, axis_name) -> jax.Array:
+  return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _gram(x_BxPxQ: jax.Array, axis_name=None) -> jax.Array:
+  """X X^H (the conjugate only matters for complex matrices), summed over the column sets on
+  `axis_name`."""
+  return _psum(x_BxPxQ @ jnp.swapaxes(x_BxPxQ.conj(), -1, -2), axis_name)
+
+
+def _frobenius(x: jax.Array, axis_name=None) -> jax.Array:
+  return jnp.sqrt(_psum(jnp.sum(jnp.real(x * x.conj()), axis=(-2, -1), keepdims=True), axis_name))
+
+
+def _rescaled(x_BxPxQ: jax.Array, a_BxPxP: jax.Array, preconditioning: str,
+              eps: float) -> tuple[jax.Array, jax.Array]:
+  """The first step's X and A = X X^H rescaled from A itself, at no extra matmul: 'aol' scales
+  row i by 1/sqrt(sum_j |A_ij|) (arXiv:2512.04632), 'schatten' everything by 1/||X||_S4 =
+  ||A||_F^-1/2 (arXiv:2506.10935)."""
+  if preconditioning == 'aol':
+    s_BxPx1 = jax.lax.rsqrt(jnp.maximum(jnp.abs(a_BxPxP).sum(-1, keepdims=True), eps))
+    return x_BxPxQ * s_BxPx1, a_BxPxP * s_BxPx1 * jnp.swapaxes(s_BxPx1, -1, -2)
+  s_Bx1x1 = jax.lax.rsqrt(jnp.maximum(_frobenius(a_BxPxP), eps))
+  return x_BxPxQ * s_Bx1x1, a_BxPxP * (s_Bx1x1 * s_Bx1x1)
+
+
 def orthogonalize(x_BxPxQ: jax.Array, coeffs: Coeffs, eps: float = 1e-8,
-                  dtype: jnp.dtype | None = None) -> jax.Array:
+                  dtype: jnp.dtype | None = None, preconditioning: str = 'frobenius',
+                  axis_name: str | tuple[str, ...] | None = None) -> jax.Array:
   """Approximate polar factor of each matrix in a batch; rows <= cols expected (cheaper side).
 
-  Each matrix is divided by its own Frobenius norm (computed in the input dtype, at least f32),
-  then iterated in `dtype` (default: the input's). The result has the input's dtype.
+  `preconditioning` (optax's modes): 'frobenius' and 'spectral' divide each matrix by that norm
+  (computed in the input dtype, at least f32) before iterating; 'aol' and 'schatten' rescale
+  inside the first step instead (`_rescaled`). Iterations run in `dtype` (default: the input's);
+  complex matrices use the conjugate transpose. The result has the input's dtype. With
+  `axis_name` (inside shard_map) each device holds a column set of every matrix: norms and
+  X X^H are summed over those axes ('spectral' cannot be split).
   """
+  if preconditioning not in PRECONDITIONINGS:
+    raise ValueError(f'preconditioning: expected one of {PRECONDITIONINGS}, got '
+                     f'{preconditioning!r}')
+  if axis_name is not None and preconditioning == 'spectral':
+    raise ValueError("preconditioning: 'spectral' needs whole matrices, not split ones")
   out_dtype = x_BxPxQ.dtype
   x = x_BxPxQ.astype(jnp.promote_types(out_dtype, jnp.float32))
-  norm = jnp.sqrt(jnp.sum(x * x, axis=(-2, -1), keepdims=True))
-  x = (x / (norm + eps)).astype(dtype or out_dtype)
-  for a, b, c in coeffs:
-    a_BxPxP = x @ jnp.swapaxes(x, -1, -2)
+  if preconditioning == 'frobenius':
+    x = x / (_frobenius(x, axis_name) + eps)
+  elif preconditioning == 'spectral':
+    x = x / (jnp.linalg.norm(x, ord=2, axis=(-2, -1), keepdims=True) + eps)
+  x = x.astype(dtype or out_dtype)
+  for i, (a, b, c) in enumerate(coeffs):
+    a_BxPxP = _gram(x, axis_name)
+    if i == 0 and preconditioning in ('aol', 'schatten'):
+      x, a_BxPxP = _rescaled(x, a_BxPxP, preconditioning, eps)
     x = a * x + (b * a_BxPxP + c * a_BxPxP @ a_BxPxP) @ x
   return x.astype(out_dtype)
 
 
-def flops(p: int, q: int, steps: int) -> int:
-  """Matmul FLOPs of `steps` NS steps on one p x q matrix: X X^T, A A and B X per step."""
+def flops(p: int, q: int, steps: int, split: int = 1) -> int:
+  """Matmul FLOPs of `steps` NS steps on one p x q matrix: X X^T, A A and B X per step; with
+  `split`, one device's part when the columns are split that many ways (A A is repeated)."""
   p, q = min(p, q), max(p, q)
-  return steps * 2 * p * p * (2 * q + p)
+  return steps * 2 * p * p * (2 * q // split + p)

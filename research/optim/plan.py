@@ -3,7 +3,7 @@
   plan(shapes, shardings, mesh_shape, *, weight_dimension_numbers=None, param_labels=None,
        ns_coeffs='standard', ns_steps=None, ns_dtype='float32', mu_dtype=None,
        spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, rules=None,
-       peak_flops=None, link_bandwidth=None) -> Plan
+       peak_flops=None, link_bandwidth=None, topology=None) -> Plan
 
   shapes        pytree of objects with .shape and .dtype (e.g. jax.eval_shape(init_params, ...)).
   shardings     matching pytree (or prefix) of PartitionSpec / NamedSharding, or of logical-axis
@@ -12,16 +12,21 @@
                 they don't divide, as `tree_shardings` does.
   mesh_shape    {axis: size}, any size (e.g. {'data': 8, 'fsdp': 64, 'expert': 32}); standard axes
                 left out have size 1.
-  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and link_bandwidth
-                (bytes/s one device sends) give the predicted seconds.
+  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and either
+                link_bandwidth (bytes/s one device sends, one flat link) or a Topology (nodes of
+                N devices filled by the mesh in row-major order, innermost axis fastest; intra-
+                and inter-node bandwidth and latency) give the predicted seconds.
 
 Plan fields, per device unless noted: ns_flops_per_device (matmul FLOPs of NS, padding and
 redundant copies included), ns_flops_total (every matrix once, whole mesh),
 exchange_bytes_per_device (bytes sent: all-to-all (S-1)/S of its payload, each way; all-gather
-over spread axes (R-1)/R of its result), local_shard_bytes (the Muon leaves' shards, param
+over spread axes (R-1)/R of its result), split into intra_bytes_per_device and
+inter_bytes_per_device by where device 0's peers sit (all inter without a topology),
+local_shard_bytes (the Muon leaves' shards, param
 dtype), state_bytes_per_device (Muon momentum and AdamW moments), num_chunks, and with hardware
 numbers compute_seconds, exchange_seconds and
-step_seconds = max(compute, exchange) + min(compute, exchange) / num_chunks
+step_seconds = max(compute, exchange) + min(compute, exchange) / num_chunks, where with a topology
+exchange = sum over groups of max(intra / intra_bw, inter / inter_bw) + collectives x latency
 (chunked exchanges overlap NS except for the pipeline's fill and drain). The same layout code as
 the runtime (exchange.plan_groups) decides groups, padding and chunks, so FLOPs and bytes match the
 compiled program's cost_analysis() and HLO collectives (tests/optim/test_plan.py).
@@ -45,6 +50,31 @@ from research.parallel import sharding as sharding_lib
 
 
 @dataclasses.dataclass(frozen=True)
+class Topology:
+  """Nodes of `devices_per_node` devices; the mesh's devices fill them in row-major order (the
+  last, innermost mesh axis varies fastest, as jax.make_mesh lays them). Bandwidths: bytes/s one
+  device sends (per direction); latencies: seconds per collective. Defaults: H100/H200 nodes
+  (NVLink ~450 GB/s per direction, one 400 Gb/s NIC per GPU)."""
+  devices_per_node: int = 8
+  intra_bandwidth: float = 450e9
+  inter_bandwidth: float = 50e9
+  intra_latency: float = 10e-6
+  inter_latency: float = 30e-6
+
+
+def peers(mesh_shape: Mapping[str, int], axes: Sequence[str],
+          devices_per_node: int) -> tuple[int, int]:
+  """(same-node, other-node) peers of device 0 in its collective group over mesh `axes`."""
+  names = list(mesh_shape)
+  ids = [0]
+  for a in axes:
+    stride = math.prod(mesh_shape[n] for n in names[names.index(a) + 1:])
+    ids = [i + k * stride for i in ids for k in range(mesh_shape[a])]
+  intra = sum(i // devices_per_node == 0 for i in ids) - 1
+  return intra, len(ids) - 1 - intra
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupPlan:
   shape: tuple[int, int]       # (p, q) of one matrix.
   matrices: int                # In the group, whole mesh (no padding).
@@ -52,6 +82,10 @@ class GroupPlan:
   exchange_size: int           # S.
   spread_size: int             # R.
   exchange_bytes: float        # Sent by one device.
+  intra_bytes: float = 0.0     # Of which to its own node (with a topology).
+  inter_bytes: float = 0.0     # To other nodes.
+  collectives: int = 0         # All-to-alls and all-gathers.
+  inter_node: bool = False     # Whether any of them crosses nodes.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +94,8 @@ class Plan:
   ns_flops_per_device: float
   ns_flops_total: float
   exchange_bytes_per_device: float
+  intra_bytes_per_device: float
+  inter_bytes_per_device: float
   local_shard_bytes: float
   state_bytes_per_device: float
   num_chunks: int
@@ -125,7 +161,7 @@ def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_
       d = muon_lib.leaf_dimension_numbers(d, len(x.shape), where)
       leaf = exchange_lib.leaf_layout(x.shape, spec, d, mesh_shape, spread_axes, where)
       leaves.append(leaf)
-      dtypes.append(ns_dtype)
+      dtypes.append(exchange_lib.exchange_dtype(ns_dtype, x.dtype))
       local_bytes += local * itemsize
       state_bytes += local * moment
       global_counts.append(math.prod(x.shape) // math.prod(d.size for d in leaf.dims))
@@ -140,27 +176,53 @@ class _GroupCost(NamedTuple):
   chunks: int
 
 
-def _group_costs(muon: _MuonLeaves, mesh_shape, exchange: str, chunk_bytes: int,
-                 steps: int) -> list[_GroupCost]:
-  """Each exchange group's plan, per-device NS FLOPs and chunk count."""
+def _group_costs(muon: _MuonLeaves, mesh_shape, exchange: str, chunk_bytes: int, steps: int,
+                 devices_per_node: int) -> list[_GroupCost]:
+  """Each exchange group's plan (bytes split by link class: every peer of a collective gets an
+  equal part), per-device NS FLOPs and chunk count."""
   out = []
   for g in exchange_lib.plan_groups(muon.leaves, muon.dtypes, mesh_shape, exchange, chunk_bytes):
     per_device = sum(g.chunks)
     s, r, item = g.exchange_size, g.spread_size, g.dtype.itemsize
-    if exchange == 'all_gather':
-      bytes_ = (s - 1) * g.padded * g.local_elems * item
-    else:
+    m_in, m_out = peers(mesh_shape, g.exchange_axes, devices_per_node)
+    r_in, r_out = peers(mesh_shape, g.spread_axes, devices_per_node)
+    if exchange == 'all_gather':  # Per peer: its shard of every matrix.
+      per_m, per_r, collectives = g.padded * g.local_elems * item, 0, sum(
+          bool(d.axes) for d in g.dims)
+    else:  # Per peer: 1/S of the payload each way; the all-gather: the device's whole piece.
       payload = g.padded // r * g.local_elems * item
-      bytes_ = 2 * (s - 1) / s * payload + (r - 1) * payload
+      per_m, per_r = 2 * payload / s, payload
+      collectives = 2 * len(g.chunks) * (s > 1) + (r > 1)
+      if g.split > 1:  # All-reduces of X X^T every step and of the squared norms (f32 or wider).
+        norm = np.finfo(np.promote_types(g.dtype, np.float32)).bits // 8
+        per_m += 2 * per_device * (steps * g.shape[0] ** 2 * item + norm) / s
+        collectives += steps + 1
+    intra, inter = per_m * m_in + per_r * r_in, per_m * m_out + per_r * r_out
     matrices = sum(muon.global_counts[i] for i in g.leaves)
-    out.append(_GroupCost(GroupPlan(g.shape, matrices, per_device, s, r, bytes_),
-                          per_device * newton_schulz.flops(*g.shape, steps), len(g.chunks)))
+    shape = (g.shape[0], g.shape[1] * g.split)
+    out.append(_GroupCost(
+        GroupPlan(shape, matrices, per_device, s, r, intra + inter, intra, inter, collectives,
+                  bool(m_out or r_out)),
+        per_device * newton_schulz.flops(*shape, steps, g.split), len(g.chunks)))
   return out
 
 
-def _with_seconds(out: Plan, peak_flops: float, link_bandwidth: float) -> Plan:
+def _exchange_seconds(groups: Sequence[GroupPlan], topology: Topology) -> float:
+  """Per group: intra- and inter-node traffic proceed in parallel; each collective pays the
+  latency of the slowest link it crosses."""
+  t = 0.0
+  for g in groups:
+    latency = topology.inter_latency if g.inter_node else topology.intra_latency
+    t += (max(g.intra_bytes / topology.intra_bandwidth, g.inter_bytes / topology.inter_bandwidth)
+          + g.collectives * latency)
+  return t
+
+
+def _with_seconds(out: Plan, peak_flops: float, link_bandwidth: float | None,
+                  topology: Topology | None) -> Plan:
   compute = out.ns_flops_per_device / peak_flops
-  comm = out.exchange_bytes_per_device / link_bandwidth
+  comm = (_exchange_seconds(out.groups, topology) if topology is not None
+          else out.exchange_bytes_per_device / link_bandwidth)
   return dataclasses.replace(
       out, compute_seconds=compute, exchange_seconds=comm,
       step_seconds=max(compute, comm) + min(compute, comm) / out.num_chunks)
@@ -172,7 +234,7 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
          mu_dtype: Any = None, spread_axes: exchange_lib.SpreadAxes = None,
          exchange: str = 'all_to_all', chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
          rules: sharding_lib.Rules | None = None, peak_flops: float | None = None,
-         link_bandwidth: float | None = None) -> Plan:
+         link_bandwidth: float | None = None, topology: Topology | None = None) -> Plan:
   """Per-device NS FLOPs, exchange bytes and state bytes of one step (module docstring)."""
   # The standard axes the rules may name default to size 1.
   mesh_shape = {a: 1 for a in mesh_lib.AXES} | {a: int(n) for a, n in mesh_shape.items()}
@@ -182,12 +244,17 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
   steps = len(newton_schulz.schedule(ns_coeffs, ns_steps))
   muon = _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_labels,
                       np.dtype(ns_dtype), mu_dtype, spread_axes, rules)
-  costs = _group_costs(muon, mesh_shape, exchange, chunk_bytes, steps)
+  costs = _group_costs(muon, mesh_shape, exchange, chunk_bytes, steps,
+                       topology.devices_per_node if topology else 1)
   groups = tuple(c.plan for c in costs)
   out = Plan(num_devices=math.prod(mesh_shape.values()),
              ns_flops_per_device=sum(c.ns_flops for c in costs),
              ns_flops_total=sum(g.matrices * newton_schulz.flops(*g.shape, steps) for g in groups),
              exchange_bytes_per_device=sum((g.exchange_bytes for g in groups), 0.0),
+             intra_bytes_per_device=sum((g.intra_bytes for g in groups), 0.0),
+             inter_bytes_per_device=sum((g.inter_bytes for g in groups), 0.0),
              local_shard_bytes=muon.local_bytes, state_bytes_per_device=muon.state_bytes,
              num_chunks=max(sum(c.chunks for c in costs), 1), groups=groups)
-  return _with_seconds(out, peak_flops, link_bandwidth) if peak_flops and link_bandwidth else out
+  if peak_flops and (link_bandwidth or topology):
+    return _with_seconds(out, peak_flops, link_bandwidth, topology)
+  return out

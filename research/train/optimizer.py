@@ -33,11 +33,12 @@ class MuonConfig:
   """optimizer.muon: Muon's settings (used when optimizer.name='muon'; qk_clip_tau always)."""
   ns_coeffs: str = 'standard'       # Newton-Schulz coefficients: 'standard' quintic, 'dion' or 'polar_express'.
   beta: float = 0.95                # Momentum decay.
+  preconditioning: str = 'frobenius'  # Before/in NS's first step: 'frobenius', 'spectral', 'aol' or 'schatten' (optax's).
   consistent_rms: float = 0.2       # Update scale: this * sqrt(max(fan_in, fan_out)) (Moonlight's 0.2).
   per_head: bool = False            # Orthogonalize each attention head's matrix on its own.
   adam_learning_rate: float = 0.0   # AdamW's peak rate for embeddings, head, norms; 0 = optimizer.learning_rate.
   ns_dtype: str = 'auto'            # Dtype exchanged and iterated: 'auto' (float32 on CPU, else bfloat16).
-  exchange: str = 'all_to_all'      # 'all_to_all' (whole matrices spread over devices) or 'all_gather' (ZeRO-1).
+  exchange: str = 'all_to_all'      # 'all_to_all' (whole matrices spread over devices), 'balanced' (huge ones split by columns) or 'all_gather' (ZeRO-1).
   chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES  # Per-device payload of one exchange chunk.
   spread_axes: tuple[str, ...] | None = None  # Mesh axes matrices are split over; None: automatic.
   qk_clip_tau: float = 0.0          # MuonClip: rescale q/k of heads whose max logit > tau; 0 = off.
@@ -45,6 +46,9 @@ class MuonConfig:
   def validate(self, path: str = 'optimizer.muon.') -> 'MuonConfig':
     if self.ns_coeffs not in newton_schulz.PRESETS:
       raise configs.invalid(path + 'ns_coeffs', self.ns_coeffs, f'expected one of {tuple(newton_schulz.PRESETS)}')
+    if self.preconditioning not in newton_schulz.PRECONDITIONINGS:
+      raise configs.invalid(path + 'preconditioning', self.preconditioning,
+                            f'expected one of {newton_schulz.PRECONDITIONINGS}')
     if self.ns_dtype not in NS_DTYPES:
       raise configs.invalid(path + 'ns_dtype', self.ns_dtype, f'expected one of {NS_DTYPES}')
     if self.exchange not in exchange_lib.EXCHANGES:
@@ -111,7 +115,8 @@ def _muon(cfg: OptimizerConfig, lr, total_steps: int, model_cfg: ModelConfig | N
   axes = transformer.param_axes(model_cfg)
   dims = jax.tree.map(lambda a: dimension_numbers(a, m.per_head), axes, is_leaf=lambda x: isinstance(x, tuple))
   return muon_lib.muon(
-      lr, ns_coeffs=m.ns_coeffs, beta=m.beta, weight_decay=cfg.weight_decay,
+      lr, ns_coeffs=m.ns_coeffs, beta=m.beta, preconditioning=m.preconditioning,
+      weight_decay=cfg.weight_decay,
       adam_weight_decay=cfg.weight_decay, adam_b1=cfg.b1, adam_b2=cfg.b2,
       consistent_rms=m.consistent_rms,
       adam_learning_rate=schedule(cfg, total_steps, m.adam_learning_rate) if m.adam_learning_rate else lr,

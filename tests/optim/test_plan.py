@@ -50,6 +50,7 @@ def _compile(mesh_spec, **kwargs):
     ('data:2,fsdp:2,expert:2', {}),
     ('fsdp:2,expert:2,tensor:2', {'exchange': 'all_gather'}),
     ('fsdp:8', {}),
+    ('fsdp:8', {'exchange': 'balanced'}),
 ])
 def test_plan_matches_compiled(mesh_spec, kwargs):
   compiled, plan = _compile(mesh_spec, **kwargs)
@@ -196,3 +197,41 @@ def test_hlo_stats_counts_ragged_exchanges_but_not_their_worst_case_bytes():
   assert hlo_stats.collective_ops(RAGGED_HLO) == {'ragged-all-to-all-start': 1, 'all-to-all': 1}
   assert hlo_stats.schedule(RAGGED_HLO)['async'] == 1
   assert hlo_stats.collective_bytes(RAGGED_HLO) == 8 * 8 * 7 / 8  # Only the offsets' all-to-all.
+
+
+@pytest.mark.parametrize('mesh_spec, exchange', [('fsdp:2,expert:4', 'all_to_all'),
+                                                 ('data:2,fsdp:2,expert:2', 'all_to_all'),
+                                                 ('fsdp:8', 'balanced')])
+def test_link_classes_match_compiled_on_two_nodes(mesh_spec, exchange):
+  """8 devices as 2 nodes of 4: the bytes the compiled program sends inside and across nodes
+  (its replica groups name the devices) equal the topology model's split; 'balanced' adds the
+  all-reduces of split matrices."""
+  compiled, _ = _compile(mesh_spec, **({} if exchange == 'all_to_all' else {'exchange': exchange}))
+  shapes, axes, dims = moe_tree(**SIZES)
+  topology = plan_lib.Topology(devices_per_node=4)
+  plan = plan_lib.plan(shapes, axes, mesh_lib.parse_mesh_spec(mesh_spec),
+                       weight_dimension_numbers=dims, exchange=exchange, topology=topology,
+                       peak_flops=1e12)
+  hlo = compiled.as_text()
+  for device in (0, 5):
+    sent = hlo_stats.collective_bytes_by_link(hlo, 4, device)
+    assert sent['intra'] == pytest.approx(plan.intra_bytes_per_device, rel=1e-6)
+    assert sent['inter'] == pytest.approx(plan.inter_bytes_per_device, rel=1e-6)
+  assert plan.intra_bytes_per_device > 0 and plan.inter_bytes_per_device > 0
+  assert plan.ns_flops_per_device == pytest.approx(hlo_stats.matmul_flops(hlo), rel=0.02)
+  # Time: inter-node bytes at 50 GB/s dominate intra-node bytes at 450 GB/s.
+  assert plan.exchange_seconds >= plan.inter_bytes_per_device / topology.inter_bandwidth
+
+
+def test_peers_follow_row_major_device_order():
+  mesh_shape = {'data': 2, 'fsdp': 4, 'expert': 8, 'tensor': 1}
+  assert plan_lib.peers(mesh_shape, ('expert',), 8) == (7, 0)
+  assert plan_lib.peers(mesh_shape, ('fsdp',), 8) == (0, 3)
+  assert plan_lib.peers(mesh_shape, ('fsdp', 'expert'), 16) == (15, 16)
+  assert plan_lib.peers(mesh_shape, (), 8) == (0, 0)
+
+
+def test_replica_groups_iota_form():
+  line = 'x = f32[8] all-to-all(y), replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}'
+  assert hlo_stats.replica_groups(line) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+  assert hlo_stats.replica_groups('replica_groups={{0,1},{2,3}}, x') == [[0, 1], [2, 3]]
