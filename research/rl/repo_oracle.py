@@ -3,7 +3,8 @@
 It views the file, restores the deleted code hunk by hunk (str_replace, with as much of the file
 around the hunk as makes the text unique; insert into an empty file), runs the tests and submits.
 It reads the task's solution record, so only tests, demonstrations and checks use it, never the
-environment.
+environment. `edit_calls` turns any diff of a task's tree into tool calls (experiments/repo_env_check.py
+delivers the red team's attacks with it).
 """
 
 import dataclasses
@@ -61,17 +62,28 @@ def _edit(path: str, lines: list[str], h: Hunk) -> tuple[Call, list[str]]:
   return call, lines[:a] + new + lines[b:]
 
 
-def calls(task: task_lib.Task, solution: task_lib.Solution, tree: Path) -> list[Call]:
-  """The oracle's tool calls for a task whose pristine tree is `tree`."""
-  out = [Call('view', {'path': task.file})]
-  for section in patch_lib.parse(solution.patch):
+def edit_calls(patch: str, tree: Path) -> list[Call]:
+  """Tool calls that turn `tree` into `tree` with the patch applied: create a new file, str_replace
+  (or insert) each hunk of a changed one, `run` rm for a deleted one. Binary sections have no call."""
+  out = []
+  for section in patch_lib.parse(patch):
+    if section.binary:
+      continue
     if section.old_path is None:
       out.append(Call('create', {'path': section.new_path,
                                  'text': ''.join(''.join(h.new) for h in hunks(section.text))}))
-      continue
-    lines = (tree / section.old_path).read_text().splitlines(keepends=True)
-    # Bottom up: the lines above a hunk keep their numbers while the ones below change.
-    for h in reversed(hunks(section.text)):
-      call, lines = _edit(section.old_path, lines, h)
-      out.append(call)
-  return out + [Call('run', {'command': shlex.join(task.test_command)}), Call('submit', {})]
+    elif section.new_path is None:
+      out.append(Call('run', {'command': shlex.join(['rm', '-f', '--', section.old_path])}))
+    else:
+      lines = (tree / section.old_path).read_text().splitlines(keepends=True)
+      # Bottom up: the lines above a hunk keep their numbers while the ones below change.
+      for h in reversed(hunks(section.text)):
+        call, lines = _edit(section.old_path, lines, h)
+        out.append(call)
+  return out
+
+
+def calls(task: task_lib.Task, solution: task_lib.Solution, tree: Path) -> list[Call]:
+  """The oracle's tool calls for a task whose pristine tree is `tree`."""
+  return [Call('view', {'path': task.file}), *edit_calls(solution.patch, tree),
+          Call('run', {'command': shlex.join(task.test_command)}), Call('submit', {})]
