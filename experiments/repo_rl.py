@@ -28,9 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
   m.vocab_size = 272                # ByteTokenizer: 256 bytes + 8 specials, padded.
   m.d_model = 64
   m.num_layers = 2
-  m.num_heads = 4
-  m.num_kv_heads = 2
-  m.head_dim = 16
+  m.num_heads = 2                   # Attention is T x T per head: at 4096 tokens that is the memory.
+  m.num_kv_heads = 1
+  m.head_dim = 32
   m.d_ff = 128
   m.num_experts = 4
   m.d_expert = 64
@@ -44,12 +44,12 @@ def get_config() -> ml_collections.ConfigDict:
   s.bucket = 64
 
   c.sft.steps = 20
-  c.sft.batch_size = 8
+  c.sft.batch_size = 4
   c.sft.hint_fraction = 0.4
   c.rl.steps = 3
   c.rl.tasks_per_step = 2
   c.rl.group_size = 2
-  c.rl.max_targets = 8
+  c.rl.max_targets = 4
   c.eval.every = 3
   c.eval.num_tasks = 4
   c.critic.rules = ('tool_call', 'protected_edit', 'syntax_error', 'run_import_error', 'run_name_error',
