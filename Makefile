@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 XM_STAMP := $(VENV)/.installed-xm
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: test demo install sysdeps clean bazel-test gpu-aot
+.PHONY: test demo demo-repo install sysdeps clean bazel-test gpu-aot
 
 # System packages some tests need (bubblewrap for the grading sandbox); installed through apt.
 sysdeps:
@@ -30,6 +30,10 @@ test: $(STAMP) $(XM_STAMP) sysdeps
 
 demo: $(STAMP)
 	$(VPY) -m launch.rl --config=experiments/toolcalc_rl.py --workdir=$${WORKDIR:-/tmp/demo_toolcalc_rl}
+
+# RL on repository tasks (the fixture's), warm-started on the oracle's episodes; CPU, minutes.
+demo-repo: $(STAMP) sysdeps
+	$(VPY) -m launch.rl --config=experiments/repo_rl.py --workdir=$${WORKDIR:-/tmp/demo_repo_rl}
 
 # `bazel test //tests/...` offline with Debian's Bazel 4 on the project's .venv (docs/bazel.md).
 bazel-test: $(STAMP) $(XM_STAMP) sysdeps

@@ -314,6 +314,10 @@ class RepoEnv:
   def sample_task(self, rng: np.random.Generator) -> task_lib.Task:
     return self.tasks[int(rng.integers(len(self.tasks)))]
 
+  def metrics(self, episodes: list[Episode]) -> dict[str, float]:
+    """The batch's metrics (`metrics`) from its episodes' statistics."""
+    return metrics([e.stats for e in episodes])
+
   def reset(self, task: task_lib.Task) -> Episode:
     with self._lock:
       slot = _RUN_SLOTS[next(self._slots) % len(_RUN_SLOTS)]

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import os
+from pathlib import Path
 import time
 from typing import Any
 
@@ -40,18 +41,19 @@ from research.model import config as model_config
 from research.model import moe as moe_lib
 from research.model import transformer
 from research.rl import critics as critics_lib
-from research.rl import env_pyfunc, env_toolcalc, losses, sft, teacher as teacher_lib
+from research.rl import env_pyfunc, env_repo, env_toolcalc, losses, repo_oracle, sft, teacher as teacher_lib
 from research.rl.critics import CriticConfig, Feedback
 from research.rl.sampler import RolloutStats, Sampler, SamplerConfig
 from research.rl.sft import SFTConfig
 from research.rl.teacher import TeacherConfig
 from research.rl.trajectory import Trajectory, routes_batch, to_batch
+from research.tasks import redteam
 from research.tokenizer.base import ByteTokenizer
 from research.tokenizer.hf import HFTokenizer
 from research.train import optimizer as optim
 from research.train import step as step_lib
 
-ENVS = ('toolcalc', 'pyfunc')
+ENVS = ('toolcalc', 'pyfunc', 'repo')
 TOOLSETS = {'warm': env_toolcalc.WARM_TOOLS, 'rl': env_toolcalc.RL_TOOLS}
 
 
@@ -65,11 +67,13 @@ class BaseConfig:
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
   """env: the environment tasks and rewards come from."""
-  name: str = 'toolcalc'            # 'toolcalc' or 'pyfunc'.
+  name: str = 'toolcalc'            # 'toolcalc', 'pyfunc' or 'repo'.
   tools: str = 'rl'                 # toolcalc: 'rl' (add renamed to plus: drift) or 'warm' (the warm-start tools).
   max_ops: int = 2                  # toolcalc: operations per problem (1..max_ops).
   max_operand: int = 9              # toolcalc: largest operand.
   word_tokens: bool = True          # Tool names are one token each (as in a BPE vocabulary), not bytes.
+  tasks: str = ''                   # repo: a task file of launch.make_tasks; empty: the fixture's, made in the workdir.
+  repo: env_repo.Settings = dataclasses.field(default_factory=env_repo.Settings)  # repo: turns, limits, syntax.
 
   def validate(self, path: str = 'env.') -> 'EnvConfig':
     if self.name not in ENVS:
@@ -155,13 +159,26 @@ class RLExperimentConfig:
   optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=optim.OptimizerConfig)  # The RL update.
 
 
-def make_env(c: EnvConfig):
+def make_env(c: EnvConfig, workdir: str = ''):
+  """The environment; repo without env.tasks makes the fixture's tasks once, under workdir/repo_tasks."""
   if c.name == 'toolcalc':
     return env_toolcalc.ToolCalc(TOOLSETS[c.tools], c.max_ops, c.max_operand)
+  if c.name == 'repo':
+    return env_repo.RepoEnv(c.tasks or _fixture_tasks(workdir), settings=c.repo)
   return env_pyfunc.PyFunc()
 
 
-def _demos(c: RLExperimentConfig):
+def _fixture_tasks(workdir: str) -> str:
+  out = os.path.join(workdir, 'repo_tasks')
+  if not os.path.exists(os.path.join(out, 'tasks', 'tasks.jsonl')):
+    redteam.make_fixture_tasks(Path(out), only=redteam.TARGETS, modes=('body', 'function', 'feature'),
+                               log=lambda _: None)
+  return os.path.join(out, 'tasks', 'tasks.jsonl')
+
+
+def _demos(c: RLExperimentConfig, env=None):
+  if c.env.name == 'repo':
+    return repo_oracle.Demonstrations(env, c.sft.hint_fraction)
   if c.env.name != 'toolcalc':
     raise ValueError(f'env.name={c.env.name!r} has no demonstration generator; give init_checkpoint')
   return lambda rng, n: env_toolcalc.demonstrations(
@@ -247,6 +264,7 @@ class Rollouts:
   targets: list[tuple[int, Feedback]]   # The ones distilled this step (at most rl.max_targets).
   active: np.ndarray                # Rows with a gradient: a nonzero advantage or a target.
   time_critic: float
+  env_metrics: dict[str, float]     # The environment's own (repo: hack_rate, env_seconds, tool calls).
 
 
 class Runner:
@@ -256,7 +274,7 @@ class Runner:
     self.c = c = configs.from_dict(RLExperimentConfig, config)
     self.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
-    self.env = make_env(c.env)
+    self.env = make_env(c.env, workdir)
     self.tok = _tokenizer(c, self.env)
     # A base checkpoint brings its own model config; `model` then describes nothing.
     self.cfg = convert.read_model_config(c.base.checkpoint) if c.base.checkpoint else c.model
@@ -286,7 +304,7 @@ class Runner:
     if c.init_checkpoint:
       raise FileNotFoundError(f'init_checkpoint={c.init_checkpoint!r} has no warmstart/ checkpoint')
     tx = optim.make_optimizer(c.sft.optimizer, c.sft.steps, model_cfg=self.cfg)
-    params, _ = sft.train(params, self.cfg, self.tok, tx, _demos(c), steps=c.sft.steps,
+    params, _ = sft.train(params, self.cfg, self.tok, tx, _demos(c, self.env), steps=c.sft.steps,
                           batch_size=c.sft.batch_size, seq_len=c.sampler.max_len, seed=c.seed, log=log)
     ckpt.save(0, {'params': params}, force=True)
     ckpt.close()
@@ -410,8 +428,9 @@ class Runner:
     tasks = [t for t in tasks for _ in range(r.group_size)]
     groups = np.repeat(np.arange(r.tasks_per_step), r.group_size)
     t0 = time.perf_counter()
-    trajs, st = self.sampler.rollout(params, [self.env.reset(t) for t in tasks],
-                                     jax.random.key(c.seed * 1_000_003 + step), tasks=tasks, groups=groups)
+    episodes = [self.env.reset(t) for t in tasks]
+    trajs, st = self.sampler.rollout(params, episodes, jax.random.key(c.seed * 1_000_003 + step),
+                                     tasks=tasks, groups=groups)
     valid = np.array([t.fault is None for t in trajs])
     rewards = np.array([t.reward for t in trajs])
     adv = losses.group_advantages(rewards, groups, valid, std_norm=lc.std_norm)
@@ -423,7 +442,8 @@ class Runner:
       targets = [targets[k] for k in keep]
     active = (adv != 0) & valid if lc.pg_coef else np.zeros(len(trajs), bool)
     active[[i for i, _ in targets]] = True
-    return Rollouts(trajs, groups, st, valid, rewards, adv, feedback, targets, active, time_critic)
+    env_metrics = self.env.metrics(episodes) if isinstance(self.env, env_repo.RepoEnv) else {}
+    return Rollouts(trajs, groups, st, valid, rewards, adv, feedback, targets, active, time_critic, env_metrics)
 
   def _rollout_row(self, ro: Rollouts) -> dict[str, float]:
     """The step's log row before the update: rewards, feedback, sampling statistics."""
@@ -438,7 +458,7 @@ class Runner:
            'policy_tokens': float(np.mean([t.num_policy_tokens for t in trajs])),
            'time_sample': st.sample_s, 'time_env': st.env_s, 'time_critic': ro.time_critic,
            'rows_trained': int(ro.active.sum()),
-           'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0}
+           'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0, **ro.env_metrics}
     for name in self.critic.names:
       idx = [i for i, fb in ro.feedback if fb.rule == name]
       row[f'rule/{name}/fires'] = len(idx)

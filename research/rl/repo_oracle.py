@@ -3,7 +3,9 @@
 It views the file, restores the deleted code hunk by hunk (str_replace, with as much of the file
 around the hunk as makes the text unique; insert into an empty file), runs the tests and submits.
 It reads the task's solution record, so only tests, demonstrations and checks use it, never the
-environment.
+environment. `edit_calls` turns any diff of a task's tree into tool calls (experiments/repo_env_check.py
+delivers the red team's attacks with it). `Demonstrations` makes the warm start's conversations from
+the oracle's episodes.
 """
 
 import dataclasses
@@ -11,6 +13,11 @@ from pathlib import Path
 import re
 import shlex
 
+import numpy as np
+
+from research.rl import critics
+from research.rl import env_repo
+from research.rl import repo_tools as tools
 from research.rl.repo_tools import Call, matches
 from research.tasks import patch as patch_lib
 from research.tasks import task as task_lib
@@ -61,17 +68,91 @@ def _edit(path: str, lines: list[str], h: Hunk) -> tuple[Call, list[str]]:
   return call, lines[:a] + new + lines[b:]
 
 
-def calls(task: task_lib.Task, solution: task_lib.Solution, tree: Path) -> list[Call]:
-  """The oracle's tool calls for a task whose pristine tree is `tree`."""
-  out = [Call('view', {'path': task.file})]
-  for section in patch_lib.parse(solution.patch):
+def edit_calls(patch: str, tree: Path) -> list[Call]:
+  """Tool calls that turn `tree` into `tree` with the patch applied: create a new file, str_replace
+  (or insert) each hunk of a changed one, `run` rm for a deleted one. Binary sections have no call."""
+  out = []
+  for section in patch_lib.parse(patch):
+    if section.binary:
+      continue
     if section.old_path is None:
       out.append(Call('create', {'path': section.new_path,
                                  'text': ''.join(''.join(h.new) for h in hunks(section.text))}))
-      continue
-    lines = (tree / section.old_path).read_text().splitlines(keepends=True)
-    # Bottom up: the lines above a hunk keep their numbers while the ones below change.
-    for h in reversed(hunks(section.text)):
-      call, lines = _edit(section.old_path, lines, h)
-      out.append(call)
-  return out + [Call('run', {'command': shlex.join(task.test_command)}), Call('submit', {})]
+    elif section.new_path is None:
+      out.append(Call('run', {'command': shlex.join(['rm', '-f', '--', section.old_path])}))
+    else:
+      lines = (tree / section.old_path).read_text().splitlines(keepends=True)
+      # Bottom up: the lines above a hunk keep their numbers while the ones below change.
+      for h in reversed(hunks(section.text)):
+        call, lines = _edit(section.old_path, lines, h)
+        out.append(call)
+  return out
+
+
+def calls(task: task_lib.Task, solution: task_lib.Solution, tree: Path) -> list[Call]:
+  """The oracle's tool calls for a task whose pristine tree is `tree`."""
+  return [Call('view', {'path': task.file}), *edit_calls(solution.patch, tree),
+          Call('run', {'command': shlex.join(task.test_command)}), Call('submit', {})]
+
+
+def conversation(env: env_repo.RepoEnv, task: task_lib.Task, solution: task_lib.Solution) -> list[dict]:
+  """The oracle's episode on `task` as a chat: the prompt, then each call (trained) and its result."""
+  episode = env.reset(task)
+  fmt = tools.FORMATS[env.settings.call_format]
+  conv = [dict(m) for m in episode.prompt]
+  for call in calls(task, solution, env.task_dir / task.tree):
+    message = fmt.render(call)
+    step = episode.step(message)
+    conv.append({'role': 'assistant', 'content': message, 'loss': True})
+    if step.done:
+      if not step.success or step.info['reason'] != 'submit':
+        raise RuntimeError(f'oracle: {task.id} ended by {step.info["reason"]} ({step.info["grade"]}), '
+                           f'not solved at submit (repo.max_turns={env.settings.max_turns})')
+      return conv
+    conv.append({'role': 'tool', 'content': step.observation})
+  raise RuntimeError(f'oracle: {task.id} did not end at submit')
+
+
+class Demonstrations:
+  """Warm-start conversations (research/rl/sft.py): the oracle's episodes, recorded once per task,
+  and hint-conditioned variants that end with a hint (the text the critic rule writes) and the
+  message it asks for, the only trained message. `tool_call`: a malformed call, shown with the
+  environment's error half the time, then the right call; `untested_submit`: after the last edit,
+  the test run rather than a submit."""
+
+  KINDS = ('tool_call', 'untested_submit')
+
+  def __init__(self, env: env_repo.RepoEnv, hint_fraction: float):
+    self.env, self.hint_fraction = env, hint_fraction
+    self.solutions = task_lib.read_solutions(env.task_dir)
+    self.recorded: dict[str, list[dict]] = {}
+
+  def __call__(self, rng: np.random.Generator, n: int) -> list[list[dict]]:
+    out = []
+    for _ in range(n):
+      task = self.env.sample_task(rng)
+      if task.id not in self.recorded:
+        self.recorded[task.id] = conversation(self.env, task, self.solutions[task.id])
+      conv = self.recorded[task.id]
+      out.append(conv if rng.random() >= self.hint_fraction else self.hinted(task, conv, rng))
+    return out
+
+  def hinted(self, task: task_lib.Task, conv: list[dict], rng: np.random.Generator) -> list[dict]:
+    turns = [i for i, m in enumerate(conv) if m['role'] == 'assistant']
+    context = []
+    if rng.choice(self.KINDS) == 'untested_submit':
+      k = turns[-2]  # The test run, where the erring policy submitted.
+      hint = critics.REGISTRY['untested_submit'].hint({'tool': 'submit', 'tested': False}, None, 0)
+    else:
+      k = turns[int(rng.integers(len(turns)))]
+      bad = conv[k]['content'][:int(rng.integers(1, len(conv[k]['content'])))]
+      episode = self.env.reset(task)  # The environment's own answer to the bad call (no grading).
+      step = episode.step(bad)
+      episode.close('context')
+      if step.info['kind'] != 'bad_call':
+        raise RuntimeError(f'demonstrations: {bad!r} parsed as a call')
+      if rng.random() < 0.5:
+        context = [{'role': 'assistant', 'content': bad}, {'role': 'tool', 'content': step.observation}]
+      hint = critics.REGISTRY['tool_call'].hint(step.info, None, 0)
+    prefix = [{**m, 'loss': False} for m in conv[:k]]
+    return [*prefix, *context, {'role': 'system', 'content': hint}, conv[k]]

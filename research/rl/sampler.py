@@ -6,11 +6,16 @@ budget, and exits as soon as every row has stopped. Between turns the host hands
 environment episode, renders the observation to ids once, and prefills it into the same cache
 (`extend`), so no earlier token is ever recomputed or re-tokenized.
 
+The episodes of a turn step at once on a pool of threads (sandboxed episodes mostly wait on their
+subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
+whatever the timing, and a raising episode takes the one fault path however it ran.
+
 Rows share the cache's write index (research/model/decode.py): a row that has stopped writes invalid
 slots, which attention ignores and which do not advance its positions, so each row sees exactly the
 contiguous sequence a full forward over its trajectory sees.
 """
 
+from concurrent import futures
 import dataclasses
 import functools
 import time
@@ -25,7 +30,7 @@ from research import configs
 from research.model import decode
 from research.model.config import ModelConfig
 from research.model.transformer import forward
-from research.rl.env import Episode, Step
+from research.rl.env import Step
 from research.rl.trajectory import Trajectory
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
@@ -44,10 +49,11 @@ class SamplerConfig:
   bucket: int = 16                  # Prefill chunks are padded to a multiple (bounds recompiles).
   stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
   record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
+  env_workers: int = 64             # Episodes stepped at once (threads: they wait on sandboxes, not cores).
 
   def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
     for f, low in (('temperature', 0), ('top_k', 0), ('max_turn_tokens', 1), ('max_turns', 1),
-                   ('max_len', 1), ('max_obs_tokens', 1), ('bucket', 1)):
+                   ('max_len', 1), ('max_obs_tokens', 1), ('bucket', 1), ('env_workers', 1)):
       if getattr(self, f) < low:
         raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
     if not 0 < self.top_p <= 1:
@@ -190,13 +196,6 @@ def _end(traj: Trajectory, call: _EnvCall) -> None:
     traj.reward, traj.success, traj.done = float(call.step.reward), bool(call.step.success), True
 
 
-def _close(episode: Episode, traj: Trajectory, reason: str) -> float:
-  """Cuts an episode short ('context' or 'turns'), which scores it. Returns seconds in the env."""
-  call = _call_env(episode.close, reason)
-  _end(traj, call)
-  return call.seconds
-
-
 def _live(trajs: list[Trajectory]) -> np.ndarray:
   return np.array([not t.done and t.fault is None for t in trajs])
 
@@ -219,10 +218,19 @@ class _Sampled:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Message:
+  """One row's sampled message: its ids, its text and the trajectory entry holding it."""
+  ids: np.ndarray
+  text: str
+  malformed: bool
+  entry: Any
+
+
+@dataclasses.dataclass(frozen=True)
 class _Reply:
   """What one row's message led to: the ids to prefill next (None: the episode ended)."""
   obs: list[int] | None
-  env_s: float
+  close: str | None                 # 'turns' or 'context': the episode is to be cut short.
   new_tokens: int
   malformed: bool
   obs_truncated: bool
@@ -239,6 +247,21 @@ class Sampler:
     width = max(len(q) for q in seqs)
     self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
     self._specials = set(getattr(tok, 'special_ids', {}).values())
+    self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
+
+  def _env_calls(self, calls: list[tuple[Callable[[str], Step], str]]) -> tuple[list[_EnvCall], float]:
+    """Runs the calls at once on the pool. Returns (their results in order, wall seconds)."""
+    t0 = time.perf_counter()
+    out = list(self._pool.map(lambda c: _call_env(*c), calls))
+    return out, time.perf_counter() - t0
+
+  def _close_rows(self, episodes, trajs, reasons: dict[int, str]) -> float:
+    """Cuts episodes short (row -> 'context' or 'turns'), which scores them. Returns wall seconds."""
+    rows = sorted(reasons)
+    calls, seconds = self._env_calls([(episodes[r].close, reasons[r]) for r in rows])
+    for r, call in zip(rows, calls):
+      _end(trajs[r], call)
+    return seconds
 
   def _pad(self, rows: list[list[int] | None]):
     t = _round_up(max([len(r) for r in rows if r] + [1]), self.s.bucket)
@@ -261,20 +284,21 @@ class Sampler:
     trajs = self._trajectories(episodes, tasks, groups)
     kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len), None, 0)
     kv = self._prefill(params, kv, [t.tokens for t in trajs], trajs)
-    replies, close_s = [], 0.0
+    replies, env_s = [], 0.0
     for turn in range(self.s.max_turns):
-      close_s += self._close_full(episodes, trajs)
+      env_s += self._close_full(episodes, trajs)
       if not _live(trajs).any():
         break
       key, sub = jax.random.split(key)
-      kv, turn_replies = self._turn(params, kv, episodes, trajs, sub, turn == self.s.max_turns - 1)
+      kv, turn_replies, turn_s = self._turn(params, kv, episodes, trajs, sub, turn == self.s.max_turns - 1)
+      env_s += turn_s
       replies += [r for r in turn_replies if r is not None]
       obs = [None if r is None else r.obs for r in turn_replies]
       if all(o is None for o in obs):
         break
       kv = self._prefill(params, kv, obs, trajs)
-    close_s += sum(_close(episodes[r], trajs[r], 'turns') for r in np.flatnonzero(_live(trajs)))
-    return trajs, _stats(trajs, replies, close_s, time.perf_counter() - t0)
+    env_s += self._close_rows(episodes, trajs, {r: 'turns' for r in np.flatnonzero(_live(trajs))})
+    return trajs, _stats(trajs, replies, env_s, time.perf_counter() - t0)
 
   def _trajectories(self, episodes, tasks, groups) -> list[Trajectory]:
     """One trajectory per episode, holding its rendered prompt."""
@@ -302,49 +326,55 @@ class Sampler:
 
   def _close_full(self, episodes, trajs) -> float:
     """Closes the live episodes with no room for another message. Returns seconds in the env."""
-    seconds = 0.0
-    for r in np.flatnonzero(_live(trajs)):
-      if self._budget(trajs[r]) <= 0:
-        trajs[r].truncated = True
-        seconds += _close(episodes[r], trajs[r], 'context')
-    return seconds
+    full = [r for r in np.flatnonzero(_live(trajs)) if self._budget(trajs[r]) <= 0]
+    for r in full:
+      trajs[r].truncated = True
+    return self._close_rows(episodes, trajs, {r: 'context' for r in full}) if full else 0.0
 
   def _turn(self, params, kv: _Cache, episodes, trajs, key, last: bool):
-    """Samples a message per live row and hands each to its episode.
+    """Samples a message per live row and steps every live episode at once.
 
-    Returns (cache, per row its _Reply, None for a row that had ended before this turn).
+    Returns (cache, per row its _Reply (None for a row that had ended before this turn), env seconds).
     """
     live = _live(trajs)
+    rows = np.flatnonzero(live)
     budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
     out = self._generate(params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
     cache = out.pop('cache')
     out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
     kv = _Cache(cache, kv.logits_BxV, kv.used + int(out.n_B.max()))
+    msgs = [self._message(trajs[r], out, r) for r in rows]
+    calls, env_s = self._env_calls([(episodes[r].step, m.text) for r, m in zip(rows, msgs)])
     replies = [None] * len(trajs)
-    for r in np.flatnonzero(live):
-      n = int(out.n_B[r])
-      routes = out.routes_LxBxMxK[:, r, :n].transpose(1, 0, 2) if self.s.record_routes else None
-      replies[r] = self._reply(episodes[r], trajs[r], out.tokens_BxM[r, :n], out.logp_BxM[r, :n], routes,
-                               last, kv.used)
-    return kv, replies
+    for r, m, call in zip(rows, msgs, calls):
+      replies[r] = self._reply(trajs[r], m, call, last, kv.used)
+    cut = {r: rep.close for r, rep in enumerate(replies) if rep is not None and rep.close}
+    if cut:
+      env_s += self._close_rows(episodes, trajs, cut)
+    return kv, replies, env_s
 
-  def _reply(self, episode, traj: Trajectory, ids, logp, routes, last: bool, used: int) -> _Reply:
-    """Appends a model message and steps its episode; ends it, or returns the observation's ids."""
+  def _message(self, traj: Trajectory, out: _Sampled, r: int) -> _Message:
+    """Appends row r's sampled message to its trajectory."""
+    n = int(out.n_B[r])
+    ids = out.tokens_BxM[r, :n]
+    routes = out.routes_LxBxMxK[:, r, :n].transpose(1, 0, 2) if self.s.record_routes else None
     text, malformed = self._text(ids)
-    msg = traj.add_model(ids, logp, text, routes)
-    call = _call_env(episode.step, text)
+    return _Message(ids, text, malformed, traj.add_model(ids, out.logp_BxM[r, :n], text, routes))
+
+  def _reply(self, traj: Trajectory, m: _Message, call: _EnvCall, last: bool, used: int) -> _Reply:
+    """What the episode's answer to a message means: its end, a cut, or the observation's ids."""
     if call.step is not None:
-      msg.info = dict(call.step.info)
+      m.entry.info = dict(call.step.info)
     if call.fault is not None or call.step.done:
       _end(traj, call)
-      return _Reply(None, call.seconds, len(ids), malformed, False)
-    obs, cut = self._observation(call.step.observation, ids)
+      return _Reply(None, None, len(m.ids), m.malformed, False)
+    obs, cut = self._observation(call.step.observation, m.ids)
     reason = 'turns' if last else self._over_context(traj, obs, used)
     if reason:
       traj.truncated = reason == 'context'
-      return _Reply(None, call.seconds + _close(episode, traj, reason), len(ids), malformed, cut)
+      return _Reply(None, reason, len(m.ids), m.malformed, cut)
     traj.add_observation(obs, call.step.observation)
-    return _Reply(obs, call.seconds, len(ids), malformed, cut)
+    return _Reply(obs, None, len(m.ids), m.malformed, cut)
 
   def _observation(self, observation: str, msg_ids) -> tuple[list[int], bool]:
     """Ids after a model message: its closing, the observation and the next assistant turn's opening.
@@ -371,8 +401,7 @@ class Sampler:
     return None
 
 
-def _stats(trajs: list[Trajectory], replies: list[_Reply], close_s: float, seconds: float) -> RolloutStats:
-  env_s = close_s + sum(r.env_s for r in replies)
+def _stats(trajs: list[Trajectory], replies: list[_Reply], env_s: float, seconds: float) -> RolloutStats:
   return RolloutStats(
       sample_s=seconds - env_s, env_s=env_s, new_tokens=sum(r.new_tokens for r in replies),
       faults=sum(t.fault is not None for t in trajs), truncated=sum(t.truncated for t in trajs),

@@ -1,4 +1,6 @@
 """The sampler: cache equals recompute, sampling filters, stops, multi-turn, faults and limits."""
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,3 +137,41 @@ def test_word_tokens_are_text_but_specials_are_malformed():
   assert sampler._text([tok.word_ids['plus'], *b'(3,4)', tok.end_of_message_id]) == ('plus(3,4)', False)
   text, bad = sampler._text([*b'ans(', tok.role_ids['user'], *b'1)'])
   assert bad and text.endswith('<special>')
+
+
+class Slow(Echo):
+  """Echo whose every step and close takes `delay` seconds (a sandboxed command)."""
+
+  def __init__(self, delay, **kw):
+    super().__init__(**kw)
+    self.delay = delay
+
+  def step(self, message):
+    time.sleep(self.delay)
+    return super().step(message)
+
+  def close(self, reason):
+    time.sleep(self.delay)
+    return super().close(reason)
+
+
+def test_episodes_step_at_once_with_the_sequential_result(params):
+  """8 episodes whose steps sleep take about one step's time per turn, and give the trajectories
+  (tokens, messages, rewards, faults) the one-thread sampler gives."""
+  delay, turns = 0.3, 3
+
+  def rollout(workers):
+    s = SamplerConfig(temperature=1.0, max_turn_tokens=6, max_turns=turns, max_len=96, env_workers=workers)
+    eps = [Slow(delay, turns=2 + i % 3, obs='o' * i, raise_at=2 if i == 5 else None) for i in range(8)]
+    trajs, st = Sampler(CFG, TOK, s).rollout(params, eps, jax.random.key(7))
+    return trajs, st, sum(e.n + (e.closed is not None) for e in eps)
+
+  seq, seq_st, calls = rollout(1)
+  par, par_st, _ = rollout(8)
+  assert calls >= 16 and seq_st.env_s >= calls * delay  # One episode at a time: every call waits its turn.
+  assert par_st.env_s < (turns + 1) * delay * 1.5       # All at once: a step per turn (and a close).
+  assert par_st.faults == seq_st.faults == 1 and par[5].fault.startswith('RuntimeError')
+  for a, b in zip(seq, par):
+    assert (a.tokens, a.policy, a.logp, a.reward, a.done, a.truncated, a.fault) == (
+        b.tokens, b.policy, b.logp, b.reward, b.done, b.truncated, b.fault)
+    assert [(m.text, m.info) for m in a.messages] == [(m.text, m.info) for m in b.messages]

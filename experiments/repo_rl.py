@@ -1,0 +1,64 @@
+"""Targeted-feedback RL on repository tasks (research/rl/env_repo.py) with a tiny model on the CPU:
+a warm start on the oracle's episodes and their hint-conditioned variants, then RL.
+
+python -m launch.rl --config=experiments/repo_rl.py --workdir=/tmp/repo_rl
+python -m launch.rl --config=experiments/repo_rl.py --workdir=/tmp/repo_rl_outcome \
+    --config.loss.distill_coef=0 --config.init_checkpoint=/tmp/repo_rl
+
+Tasks: the fixture repository's (made once under the workdir; `--config.env.tasks=` a task file of
+launch.make_tasks for others). Contexts of 4096 tokens (bytes). The default run is small (a few
+minutes); a tiny model trained from scratch cannot write unseen code, so what it can learn here is
+the tools' syntax and the workflow (view, edit, run the tests, submit).
+"""
+
+import ml_collections
+
+from research import configs
+from research.rl import loop
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = configs.to_config_dict(loop.RLExperimentConfig())
+  c.env.name = 'repo'
+  c.env.word_tokens = False
+  c.env.repo.max_turns = 6          # view, edits, run, submit.
+  c.env.repo.observation_chars = 400
+
+  m = c.model
+  m.vocab_size = 272                # ByteTokenizer: 256 bytes + 8 specials, padded.
+  m.d_model = 64
+  m.num_layers = 2
+  m.num_heads = 2                   # Attention is T x T per head: at 4096 tokens that is the memory.
+  m.num_kv_heads = 1
+  m.head_dim = 32
+  m.d_ff = 128
+  m.num_experts = 4
+  m.d_expert = 64
+  m.moe_impl = 'blocked'            # The CPU path.
+
+  s = c.sampler
+  s.max_len = 4096
+  s.max_turns = 6
+  s.max_turn_tokens = 512           # The oracle's edits of a body fit; a feature's may not.
+  s.max_obs_tokens = 448            # Above env.repo.observation_chars: the environment caps first.
+  s.bucket = 64
+
+  c.sft.steps = 5                   # ~25 s each on 2 busy cores (4 rows of 4096 tokens); wiring, not learning.
+  c.sft.batch_size = 4
+  c.sft.hint_fraction = 0.4
+  c.rl.steps = 3
+  c.rl.tasks_per_step = 2
+  c.rl.group_size = 2
+  c.rl.max_targets = 4
+  c.eval.every = 3
+  c.eval.num_tasks = 4
+  c.critic.rules = ('tool_call', 'protected_edit', 'syntax_error', 'run_import_error', 'run_name_error',
+                    'untested_submit', 'repeated_failure', 'missing_path')
+  c.checkpoint_every = 10
+  c.tensorboard = False
+
+  o = c.optimizer
+  o.learning_rate = 2e-3
+  o.warmup_steps = 1
+  o.muon.adam_learning_rate = 2e-4
+  return c
