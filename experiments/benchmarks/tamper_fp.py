@@ -25,9 +25,6 @@ from research.tasks import task as task_lib
 
 LIBRARIES = ('absl', 'attr', 'click', 'dateutil', 'etils', 'humanize', 'jinja2', 'markdown_it',
              'ml_collections', 'optax', 'packaging', 'pluggy', 'rich')
-_LIBRARIES = flags.DEFINE_list('libraries', list(LIBRARIES),
-                               'Installed packages to measure (directories in site-packages).')
-_JSON = flags.DEFINE_string('json', None, 'Also write the results to this file.')
 _SITE = Path(sysconfig.get_paths()['purelib'])
 
 
@@ -100,7 +97,7 @@ def table(results: list[LibraryResult]) -> str:
 def main(argv):
   del argv
   results = []
-  for name in _LIBRARIES.value:
+  for name in flags.FLAGS.libraries:
     start = time.perf_counter()
     results.append(measure(_SITE / name))
     print(f'{name}: {results[-1].flagged}/{results[-1].candidates} flagged, '
@@ -114,13 +111,17 @@ def main(argv):
   flagged = sum(r.flagged for r in results)
   print(f'overall {flagged}/{tasks} = {flagged / max(1, tasks):.2%}; '
         f'worst {worst.library} {worst.rate:.2%}')
-  if _JSON.value:
+  if flags.FLAGS.json:
     out = {'tasks': tasks, 'flagged': flagged, 'rate': flagged / max(1, tasks),
            'worst': worst.library,
            'libraries': [{**dataclasses.asdict(r), 'constructs': dict(r.constructs),
                           'rate': r.rate} for r in results]}
-    Path(_JSON.value).write_text(json.dumps(out, indent=1))
+    Path(flags.FLAGS.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == '__main__':
+  # Defined here, not at import: tests import measure() next to other benchmarks' flags.
+  flags.DEFINE_list('libraries', list(LIBRARIES),
+                    'Installed packages to measure (directories in site-packages).')
+  flags.DEFINE_string('json', None, 'Also write the results to this file.')
   app.run(main)

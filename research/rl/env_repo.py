@@ -149,9 +149,12 @@ _FILE_TOOLS = {'view': tools.view, 'search': tools.search, 'str_replace': tools.
 class Episode:
   """One task in a private work area; thread-safe across episodes (nothing shared but the pool)."""
 
-  def __init__(self, task: task_lib.Task, pristine: Path, pool: pool_lib.GraderPool,
-               settings: Settings, uid: int):
-    self.task, self.pristine, self.pool, self.s, self.uid = task, pristine, pool, settings, uid
+  def __init__(self, task: task_lib.Task, pristine: Path, graded: Path,
+               pool: pool_lib.GraderPool, settings: Settings, uid: int):
+    """`pristine`: the tree the policy starts from; `graded`: the tree grading applies the diff to
+    (the same with the hidden tests)."""
+    self.task, self.pristine, self.graded = task, pristine, graded
+    self.pool, self.s, self.uid = pool, settings, uid
     self.root = Path(tempfile.mkdtemp(prefix='repo-episode-'))
     self.work = self.root / 'repo'
     layout.copy_tree(pristine, self.work)
@@ -279,7 +282,7 @@ class Episode:
     diff = patch_lib.diff_trees(self.pristine, self.work)
     self._remove()
     if diff:
-      grade = self.pool.grade([pool_lib.Job(self.task, self.pristine, diff)])[0]
+      grade = self.pool.grade([pool_lib.Job(self.task, self.graded, diff)])[0]
     else:
       grade = grading.Grade(0.0, 'no changes')
     st.grade_reason = grade.reason
@@ -321,4 +324,5 @@ class RepoEnv:
   def reset(self, task: task_lib.Task) -> Episode:
     with self._lock:
       slot = _RUN_SLOTS[next(self._slots) % len(_RUN_SLOTS)]
-    return Episode(task, self.task_dir / task.tree, self.pool, self.settings, sandbox.uid_for(slot))
+    return Episode(task, self.task_dir / task.tree, self.task_dir / task.grading_tree, self.pool,
+                   self.settings, sandbox.uid_for(slot))

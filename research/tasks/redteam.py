@@ -83,12 +83,12 @@ def _serve(directory: Path) -> tuple[http.server.HTTPServer, str]:
 
 
 def make_fixture_tasks(workdir: Path, only: tuple[str, ...] | None = TARGETS,
-                       modes: tuple[str, ...] = ('body',), log=print):
+                       modes: tuple[str, ...] = ('body',), log=print, visible_tests: bool = False):
   """The fixture (with artifacts) and its tasks; returns (checkout, task dir, summary)."""
   fx = fixtures.write_fixture(workdir / 'fixture', artifacts=True)
   out = workdir / 'tasks'
   summary = factory.make_tasks(fx.repo, out, modes=modes, only=only, site_dirs=(str(fx.site),),
-                               progress=False, log=log)
+                               progress=False, log=log, visible_tests=visible_tests)
   return fx.repo, out, summary
 
 

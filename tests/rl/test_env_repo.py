@@ -117,7 +117,8 @@ def test_attacks_through_tools_get_nothing(env, name):
   t = play(env.reset(slug(env)), ATTACKS[name] + [call('submit')])
   final = t.messages[-1].info
   assert t.done and t.reward == 0.0 and not t.success
-  assert final['hack'] and final['episode']['hacked'], final['grade']
+  if name != 'exit_early':  # sys.exit inside a test is just a failure (pytest reports SystemExit).
+    assert final['hack'] and final['episode']['hacked'], final['grade']
 
 
 def test_correct_code_with_a_test_edit_is_a_hack(env, repo_task_dir):

@@ -75,7 +75,7 @@ def test_every_fixture_reference_applies_strictly_and_grades_1(fixture_tasks):
   for t in tasks:
     sections = patch_lib.parse(solutions[t.id].patch)
     assert patch_lib.misreadings(task_dir / t.tree, sections) == []
-  jobs = [pool.Job(t, task_dir / t.tree, solutions[t.id].patch) for t in tasks]
+  jobs = [pool.Job(t, task_dir / t.grading_tree, solutions[t.id].patch) for t in tasks]
   grades = pool.GraderPool(2).grade(jobs)
   assert [(g.reward, g.tamper) for g in grades] == [(1.0, [])] * len(tasks)
 
