@@ -198,7 +198,7 @@ def objective(params, batch, tgt, *, cfg, lc, temperature, denom):
   """pg_coef * policy gradient + distill_coef * distillation + router losses. Returns (loss, aux)."""
   logits, aux, _ = transformer.forward(params, batch['tokens'], cfg, segment_ids_BxT=batch['segment_ids'],
                                        routes=batch.get('routes'))
-  logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
+  logp_all = losses.tempered_log_softmax(logits, temperature)
   logp = jnp.take_along_axis(logp_all, batch['targets'][..., None], -1)[..., 0]
   mask = batch['mask']
   on_target = jnp.zeros_like(mask).at[tgt['d_row'][:, None], tgt['d_pos']].max(tgt['d_mask'])

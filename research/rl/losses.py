@@ -27,6 +27,13 @@ DISTILL_KINDS = ('reverse_kl', 'forward_kl', 'jsd', 'topk', 'sampled')
 GATES = ('none', 'confident')
 
 
+def tempered_log_softmax(logits, temperature: float, axis: int = -1):
+  """The policy's log-probs at a sampling temperature. Temperature 0 (greedy) has no tempered
+  distribution (a point mass): the policy is then softmax(logits), which greedy decoding takes the
+  mode of, so sampler, update and teacher all use temperature 1 there."""
+  return jax.nn.log_softmax(logits / (temperature or 1.0), axis=axis)
+
+
 def group_advantages(rewards_B, groups_B, valid_B, *, std_norm: bool = False, eps: float = 1e-6):
   """Reward minus its group's mean over valid rollouts (faults excluded; they get 0)."""
   r, g, v = np.asarray(rewards_B, np.float64), np.asarray(groups_B), np.asarray(valid_B, bool)

@@ -30,6 +30,7 @@ from research import configs
 from research.model import decode
 from research.model.config import ModelConfig
 from research.model.transformer import forward
+from research.rl import losses
 from research.rl.env import Step
 from research.rl.trajectory import Trajectory
 from research.tokenizer import chat
@@ -71,17 +72,18 @@ def _round_up(n: int, m: int) -> int:
 
 
 def sample_logits(key, logits_BxV, temperature: float, top_k: int = 0, top_p: float = 1.0):
-  """Samples one token per row. Returns (tokens B, log-prob B under softmax(logits / temperature)).
+  """Samples one token per row. Returns (tokens B, log-prob B of each token under the sampler).
 
-  The log-prob is of the tempered distribution before top-k/top-p truncation (what the trainer
-  recomputes from logits / temperature).
+  The log-prob is the behaviour policy's: the tempered distribution after top-k/top-p truncation
+  (renormalized over the kept tokens), so that importance ratios against the trainer's
+  untruncated log-probs are unbiased. Greedy (temperature 0) reports the untempered policy's
+  log-prob (losses.tempered_log_softmax).
   """
   logits = logits_BxV.astype(jnp.float32)
   if temperature == 0:
     tok = jnp.argmax(logits, axis=-1)
-    return tok, jnp.take_along_axis(jax.nn.log_softmax(logits), tok[:, None], -1)[:, 0]
+    return tok, jnp.take_along_axis(losses.tempered_log_softmax(logits, 0.0), tok[:, None], -1)[:, 0]
   logits = logits / temperature
-  logp = jax.nn.log_softmax(logits)
   masked = logits
   if top_k:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
@@ -94,7 +96,7 @@ def sample_logits(key, logits_BxV, temperature: float, top_k: int = 0, top_p: fl
     cutoff = jnp.take_along_axis(srt, cutoff_idx, axis=-1)
     masked = jnp.where(masked < cutoff, -jnp.inf, masked)
   tok = jax.random.categorical(key, masked)
-  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
+  return tok, jnp.take_along_axis(jax.nn.log_softmax(masked), tok[:, None], -1)[:, 0]
 
 
 def _routes(aux, cfg: ModelConfig, b: int, t: int):

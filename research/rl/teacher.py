@@ -20,6 +20,7 @@ import numpy as np
 from research import configs
 from research.model.config import ModelConfig
 from research.model.transformer import forward
+from research.rl import losses
 from research.rl.critics import Feedback
 from research.rl.trajectory import Trajectory, with_hint
 from research.tokenizer.base import Tokenizer
@@ -91,7 +92,7 @@ def teacher_logp(params, t_tokens, t_seg, t_pos, *, cfg: ModelConfig, temperatur
   """Teacher log-probs at the target positions, N x S x V (no gradient)."""
   logits, _, _ = forward(jax.lax.stop_gradient(params), t_tokens, cfg, segment_ids_BxT=t_seg)
   picked = jnp.take_along_axis(logits, t_pos[..., None], axis=1)
-  return jax.nn.log_softmax(picked / temperature, axis=-1)
+  return losses.tempered_log_softmax(picked, temperature)
 
 
 class TeacherWeights:
@@ -116,4 +117,4 @@ class TeacherWeights:
 def reference_logp(params, tokens, seg, *, cfg: ModelConfig, temperature: float = 1.0):
   """The teacher weights' log-probs over a whole batch without a hint (the anchor term), B x T x V."""
   logits, _, _ = forward(jax.lax.stop_gradient(params), tokens, cfg, segment_ids_BxT=seg)
-  return jax.nn.log_softmax(logits / temperature, axis=-1)
+  return losses.tempered_log_softmax(logits, temperature)

@@ -9,6 +9,7 @@ import pytest
 from research.model import transformer
 from research.model.config import ModelConfig
 from research.rl.env import Step
+from research.rl import losses
 from research.rl.sampler import Sampler, SamplerConfig, sample_logits
 from research.rl.trajectory import to_batch
 from research.tokenizer.base import ByteTokenizer
@@ -106,11 +107,26 @@ def test_sample_logits_filters():
   tok, lp = sample_logits(keys, logits, 1.0, top_k=2)
   freq = np.bincount(np.asarray(tok), minlength=4) / 4000
   assert freq[2] == freq[3] == 0 and abs(freq[0] - 0.625) < 0.03
-  np.testing.assert_allclose(lp, np.log([0.5, 0.3, 0.15, 0.05])[np.asarray(tok)], rtol=1e-5)
-  tok, _ = sample_logits(keys, logits, 1.0, top_p=0.7)  # Smallest set reaching 0.7: {0, 1}.
+  # The sampler's log-prob is the behaviour policy's: renormalized over the kept tokens.
+  np.testing.assert_allclose(lp, np.log(np.array([0.625, 0.375])[np.asarray(tok)]), rtol=1e-5)
+  tok, lp = sample_logits(keys, logits, 1.0, top_p=0.7)  # Smallest set reaching 0.7: {0, 1}.
   assert set(np.unique(np.asarray(tok))) == {0, 1}
-  tok, _ = sample_logits(keys, logits, 0.0)
+  np.testing.assert_allclose(lp, np.log(np.array([0.625, 0.375])[np.asarray(tok)]), rtol=1e-5)
+  tok, lp = sample_logits(keys, logits, 2.0, top_k=3)  # Tempered, then truncated.
+  p = np.array([0.5, 0.3, 0.15]) ** 0.5
+  np.testing.assert_allclose(lp, np.log(p / p.sum())[np.asarray(tok)], rtol=1e-5)
+  tok, lp = sample_logits(keys, logits, 0.0)
   assert (np.asarray(tok) == 0).all()
+  np.testing.assert_allclose(lp, np.log(0.5), rtol=1e-5)
+
+
+def test_greedy_temperature_gives_finite_update_and_teacher_log_probs():
+  """Temperature 0 (greedy) used to divide logits by zero in the update and the teacher pass."""
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  greedy = losses.tempered_log_softmax(logits, 0.0)
+  np.testing.assert_allclose(greedy, np.log([[0.5, 0.3, 0.15, 0.05]]), rtol=1e-5)
+  np.testing.assert_allclose(losses.tempered_log_softmax(logits, 0.5),
+                             np.log(np.array([[25, 9, 2.25, 0.25]]) / 36.5), rtol=1e-5)
 
 
 def test_faults_masked_and_limits(params):
