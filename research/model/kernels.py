@@ -17,6 +17,7 @@ import tokamax
 from tokamax._src.ops.attention import api as _attention_api
 from tokamax._src.ops.attention import base as _attention_base
 
+# tokamax implementations, tried in order (benchmarks may narrow it before tracing).
 KERNEL_ORDER = ('mosaic', 'triton', 'xla')
 
 
@@ -54,7 +55,7 @@ def segment_starts(seg_BxT):
   return jax.lax.cummax(jnp.where(new_run, idx, 0), axis=1)
 
 
-def flash_attention(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, seg_BxT, scale: float, order=KERNEL_ORDER):
+def flash_attention(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, seg_BxT, scale: float):
   """Causal self-attention within contiguous segments through tokamax's flash kernels.
 
   Each query attends to keys from the start of its segment up to itself (`Mask(k_start,
@@ -66,7 +67,7 @@ def flash_attention(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, seg_BxT, scale: float, orde
   mask = _attention_base.Mask(k_start=k_start_BxT[:, None, :], is_causal=True)
   _flags_ready()
   errors = []
-  for name in order:
+  for name in KERNEL_ORDER:
     impl = _attention_api.IMPLEMENTATIONS.get('mosaic_gpu' if name == 'mosaic' else name)
     if impl is None:
       continue
