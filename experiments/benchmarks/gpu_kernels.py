@@ -79,7 +79,7 @@ def moe_rows(small: bool) -> list[dict]:
       rows.append(_row(f'ffn/{kernel}/fwd', fwd_flops, jax.jit(ffn), p, xs, experts=e, d=d, f=f, rows=m))
       rows.append(_row(f'ffn/{kernel}/train', 3 * fwd_flops, jax.jit(jax.grad(_sq_loss(ffn), (0, 1))), p, xs,
                        experts=e, d=d, f=f, rows=m))
-    kernels.KERNEL_ORDER = ('mosaic', 'triton', 'xla')
+    kernels.KERNEL_ORDER = None
     layer = lambda p, x, c=cfg: moe.moe(p, x, jnp.ones(x.shape[:2], bool), c)[0]
     rows.append(_row('layer/auto/train', 3 * fwd_flops, jax.jit(jax.grad(_sq_loss(layer), (0, 1))), p, x,
                      experts=e, d=d, f=f, rows=m, impl=moe.resolve_impl('auto')))
@@ -181,6 +181,7 @@ def main():
   ap.add_argument('--small', action='store_true', help='CPU-sized shapes (a smoke run)')
   args = ap.parse_args()
   result = dict(part=args.part, device=jax.devices()[0].device_kind, jax=jax.__version__,
+                gpu_kernels={op: kernels.gpu_kernels(op) for op in ('ragged_dot', 'attention')},
                 date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), rows=PARTS[args.part](args.small))
   with open(args.json, 'w') as f:
     json.dump(result, f, indent=1)

@@ -10,10 +10,11 @@ three paths (`attention_impl`):
   blockwise - flash-style in plain JAX: a scan over key blocks with an online softmax, and a
               backward pass that recomputes each block, so neither pass holds more than T x block
               scores. Any mask; long contexts on any backend.
-  tokamax   - tokamax's flash kernels (Mosaic GPU on Hopper, else Triton, else XLA) for causal
-              attention within contiguous segments, GQA and MLA (value head != query head). With
-              a KV cache, whose valid slots need not form one range per query, `auto` and
-              `tokamax` fall back to blockwise (prefill) or xla (one-token decode).
+  tokamax   - tokamax's flash kernels (Mosaic GPU on Hopper, else Triton, else XLA: those that
+              compile here, research/model/kernels.py) for causal attention within contiguous
+              segments, GQA and MLA (value head != query head). `auto` on GPU; blockwise there
+              when no tokamax kernel compiles. With a KV cache, whose valid slots need not form
+              one range per query, tokamax falls back to blockwise (prefill) or xla (decode).
 """
 
 import functools
@@ -163,8 +164,10 @@ def attend_blockwise(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, blo
 
 
 def resolve_impl(impl: str, cached: bool, t: int) -> str:
-  if impl == 'auto':
-    impl = 'tokamax' if jax.default_backend() == 'gpu' else 'xla'
+  if impl == 'auto' and jax.default_backend() == 'gpu':
+    impl = 'tokamax' if kernels.gpu_kernels('attention') else 'blockwise'
+  elif impl == 'auto':
+    impl = 'xla'
   if cached and impl == 'tokamax':
     return 'xla' if t == 1 else 'blockwise'
   return impl

@@ -1,15 +1,19 @@
 """GPU kernels from tokamax (pinned in requirements.lock): grouped GEMM for the experts, flash attention.
 
-tokamax tries its implementations in order and takes the first that does not raise
-NotImplementedError: Mosaic GPU kernels on sm90/sm100, then Pallas Triton, then XLA. On a CPU only
-the XLA ones apply (`jax.lax.ragged_dot_general`; a dense masked softmax), which is what the
-parity tests compare our paths with.
+tokamax has Mosaic GPU kernels (sm90/sm100), Pallas Triton kernels and XLA fallbacks. A pinned
+tokamax can lag jax: 0.0.12's Mosaic kernels do not build on jax 0.11 (`plgpu.Mesh` lost
+`out_shape`) and its Triton kernels call `pl.dot`, removed in 0.11 (restored below). So the GPU
+kernels in use are the ones that compile here (`gpu_kernels`, probed once per process), and the
+`auto` paths fall back to ours when none does. On a CPU only the XLA implementations apply
+(`jax.lax.ragged_dot_general`; a dense masked softmax): the parity tests compare ours with those.
 """
 
+import functools
 from typing import NamedTuple
 
 from absl import flags
 import jax
+from jax.experimental import pallas as pl
 import jax.numpy as jnp
 import tokamax
 # The public `dot_product_attention` takes a dense T x S boolean mask or causal + lengths only; packed
@@ -17,8 +21,48 @@ import tokamax
 from tokamax._src.ops.attention import api as _attention_api
 from tokamax._src.ops.attention import base as _attention_base
 
-# tokamax implementations, tried in order (benchmarks may narrow it before tracing).
-KERNEL_ORDER = ('mosaic', 'triton', 'xla')
+# tokamax implementations to try, in order; None: the GPU kernels that compile here, then XLA.
+KERNEL_ORDER: tuple[str, ...] | None = None
+
+
+def _pallas_dot(a, b, trans_a: bool = False, trans_b: bool = False, allow_tf32=None, precision=None):
+  """`pl.dot` as jax 0.10 had it (2-D, f32 accumulation), for tokamax 0.0.12's Triton kernels."""
+  del allow_tf32
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+try:
+  pl.dot  # pylint: disable=pointless-statement
+except AttributeError:  # jax >= 0.11.
+  pl.dot = _pallas_dot
+
+
+@functools.cache
+def gpu_kernels(op: str) -> tuple[str, ...]:
+  """The tokamax GPU implementations of `op` ('ragged_dot' or 'attention') that compile here."""
+  if jax.default_backend() != 'gpu':
+    return ()
+  _flags_ready()
+  bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  ok = []
+  for name in ('mosaic', 'triton'):
+    if op == 'ragged_dot':
+      fn = lambda x, w, g, name=name: tokamax.ragged_dot(x, w, g, implementation=name)
+      args = (bf16(256, 128), bf16(2, 128, 128), jax.ShapeDtypeStruct((2,), jnp.int32))
+    else:
+      fn = lambda q, k, v, name=name: tokamax.dot_product_attention(q, k, v, is_causal=True, implementation=name)
+      args = (bf16(1, 256, 4, 64), bf16(1, 256, 2, 64), bf16(1, 256, 2, 64))
+    try:
+      jax.jit(jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1))).lower(*args).compile()
+      ok.append(name)
+    except Exception:  # pylint: disable=broad-except  # Whatever breaks, this kernel is not usable here.
+      pass
+  return tuple(ok)
+
+
+def kernel_order(op: str) -> tuple[str, ...]:
+  return KERNEL_ORDER if KERNEL_ORDER is not None else (*gpu_kernels(op), 'xla')
 
 
 def _flags_ready():
@@ -67,7 +111,7 @@ def flash_attention(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, seg_BxT, scale: float):
   mask = _attention_base.Mask(k_start=k_start_BxT[:, None, :], is_causal=True)
   _flags_ready()
   errors = []
-  for name in KERNEL_ORDER:
+  for name in kernel_order('attention'):
     impl = _attention_api.IMPLEMENTATIONS.get('mosaic_gpu' if name == 'mosaic' else name)
     if impl is None:
       continue
@@ -82,6 +126,7 @@ def ragged_dot(x_MxK, w_GxKxN, group_sizes_G):
   """Grouped GEMM over rows sorted by group; rows past sum(group_sizes) come back as zeros."""
   _flags_ready()
   y = tokamax.ragged_dot(x_MxK, w_GxKxN.astype(x_MxK.dtype), group_sizes_G,
-                         preferred_element_type=x_MxK.dtype, implementation=KERNEL_ORDER)
+                         preferred_element_type=x_MxK.dtype,
+                         implementation=kernel_order('ragged_dot'))
   real_M = jnp.arange(x_MxK.shape[0]) < jnp.sum(group_sizes_G)
   return jnp.where(real_M[:, None], y, 0)

@@ -182,7 +182,9 @@ def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0
 def resolve_impl(impl: str) -> str:
   if impl != 'auto':
     return impl
-  return {'tpu': 'ragged', 'gpu': 'tokamax'}.get(jax.default_backend(), 'blocked')
+  if jax.default_backend() == 'gpu':
+    return 'tokamax' if kernels.gpu_kernels('ragged_dot') else 'blocked'
+  return 'ragged' if jax.default_backend() == 'tpu' else 'blocked'
 
 
 def _local_experts(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int):
