@@ -15,6 +15,12 @@ runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolki
   moe_ep  forward + backward of an expert-parallel MoE layer with each `ep_exchange` on
           `expert:8` and `fsdp:2,expert:2,tensor:2`: does XLA:GPU take jax.lax.ragged_all_to_all
           as we call it, and which collectives come out.
+  kernels forward + backward of a bf16 MoE layer (`moe_impl='tokamax'`, expert-parallel on
+          `expert:8`) and of GQA and MLA attention (`attention_impl='tokamax'`) with tokamax's
+          Triton kernels (tokamax's cross-compile option: no GPU to ask): how many Triton kernel
+          calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA fallback).
+          Its Mosaic GPU kernels ask the device for its compute capability, so they cannot be
+          built without one.
 The optimized HLO of each program goes next to the JSON (`<json>.<name>.hlo.txt`). About 1 min on 2
 CPU cores. The CUDA wheels stay out of requirements.lock: only this venv needs them (a GPU
 machine's jax[cuda12] has them).
@@ -38,7 +44,7 @@ from jax.experimental import topologies
 
 from experiments.benchmarks import muon as muon_bench
 from experiments.benchmarks import trees
-from research.model import moe
+from research.model import attention, kernels, moe
 from research.model.config import ModelConfig
 from research.model.layers import materialize
 from research.optim import hlo_stats
@@ -83,6 +89,33 @@ def moe_programs(devices):
         yield f'moe_ep_{exchange}_{mesh_spec}', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()
 
 
+TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
+
+
+def kernel_programs(devices):
+  """name -> compiled gradient of a program whose expert or attention path is tokamax's Triton."""
+  import tokamax  # pylint: disable=g-import-not-at-top
+  kernels.KERNEL_ORDER = ('triton',)
+  cfg = dataclasses.replace(MOE_CFG, moe_impl='tokamax', dtype='bfloat16', ep_exchange='all_to_all')
+  p = jax.eval_shape(lambda: materialize(moe.moe_specs(cfg), jax.random.key(0), jnp.bfloat16))
+  x = jax.ShapeDtypeStruct((16, 256, cfg.d_model), jnp.bfloat16)
+  valid = jax.ShapeDtypeStruct((16, 256), jnp.bool_)
+  loss = lambda p, x, v: jnp.sum(moe.moe(p, x, v, cfg)[0].astype(jnp.float32))
+  seg = jnp.ones((2, 512), jnp.int32)
+  mask = kernels.MaskInfo(seg, seg, jnp.arange(512), jnp.arange(512))
+  with tokamax.config.cross_compile(True):
+    with jax.set_mesh(mesh_lib.make_mesh('expert:8', devices)):
+      yield 'kernels_moe_ep_expert:8', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()
+    for name, (h, kh, dq, dv) in {'gqa': (8, 2, 128, 128), 'mla': (8, 8, 192, 128)}.items():
+      shapes = [jax.ShapeDtypeStruct((2, 512, n, d), jnp.bfloat16) for n, d in ((h, dq), (kh, dq), (kh, dv))]
+      attend = lambda q, k, v, dq=dq: jnp.sum(
+          attention.attend(q, k, v, mask, dq ** -0.5, 'tokamax')[0].astype(jnp.float32))
+      one = jax.sharding.SingleDeviceSharding(devices[0])
+      yield f'kernels_attention_{name}', jax.jit(jax.grad(attend, (0, 1, 2)), in_shardings=(one,) * 3,
+                                                 out_shardings=(one,) * 3).lower(*shapes).compile()
+  kernels.KERNEL_ORDER = None
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--json', required=True, help='where to write the results')
@@ -99,15 +132,18 @@ def main():
             'jax': jax.__version__, 'plugin': _plugin_version()}
   stem = pathlib.Path(args.json)
   stem.parent.mkdir(parents=True, exist_ok=True)
-  programs = [*muon_programs(devices, args.mesh, args.chunk_bytes), *moe_programs(devices)]
+  programs = [*muon_programs(devices, args.mesh, args.chunk_bytes), *moe_programs(devices),
+              *kernel_programs(devices)]
   for name, compiled in programs:
     hlo = compiled.as_text()
     hlo_file = stem.with_name(f'{stem.name}.{name.replace(":", "").replace(",", "_")}.hlo.txt')
     hlo_file.write_text(hlo)
     r = result[name] = dict(hlo_stats.schedule(hlo), ops=hlo_stats.collective_ops(hlo),
-                            collective_bytes_per_device=hlo_stats.collective_bytes(hlo), hlo=str(hlo_file))
+                            collective_bytes_per_device=hlo_stats.collective_bytes(hlo), hlo=str(hlo_file),
+                            kernel_calls=hlo.count(TRITON_CALL))
     print(f'{name}: {r["ops"]}; {r["async"]} async pairs, {r["async_overlapped"]} with matmuls '
-          f'between start and done; {r["collective_bytes_per_device"] / 2**20:.2f} MiB sent per device')
+          f'between start and done; {r["collective_bytes_per_device"] / 2**20:.2f} MiB sent per device; '
+          f'{r["kernel_calls"]} Triton kernel calls')
   print('(ragged-all-to-all bytes depend on the routing and are not counted)')
   stem.write_text(json.dumps(result, indent=2))
 

@@ -8,8 +8,9 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              2048); then blocked / ragged_dot / tokamax side by side on a smaller shape.
   attention  causal self-attention, GQA and MLA (value head 128 != query head 192), per
              `attention_impl`, forward and forward + backward.
-  train      one full train step (AdamW, then Muon) of the largest tiny-MoE-family model that
-             fits: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak.
+  train      one full train step (AdamW, then Muon) of a tiny-MoE-family model as large as fits
+             one device: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak.
+  train_wide the same with fewer, wider layers (d_model 4096, experts of 2048).
   decode     greedy KV-cache decoding of that model's shape: new tokens per second.
 Useful FLOPs count multiply-adds as 2 and only the work a dense reference must do (experts at k
 per token; attention's causal half). Times: median of timed runs after a warm-up, in one process.
@@ -117,44 +118,57 @@ def attention_rows(small: bool) -> list[dict]:
   return rows
 
 
-def _model(small: bool) -> tuple[ModelConfig, int, int]:
-  """(config, rows, seq_len) of the train step: Qwen3-MoE-like, 64 experts of 768, top-8."""
+def _model(small: bool, wide: bool = False) -> tuple[ModelConfig, int, int]:
+  """(config, rows, seq_len) of the train step: Qwen3-MoE-like, top-8. Base: 8 layers of 64 experts
+  of 768 (2.6B parameters); wide: 6 layers of 32 experts of 2048 at d_model 4096 (5.4B)."""
   if small:
     return ModelConfig(vocab_size=256, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                        num_experts=8, num_experts_per_tok=2, d_expert=32, dtype='bfloat16'), 4, 64
+  if wide:
+    return ModelConfig(vocab_size=32768, d_model=4096, num_layers=6, num_heads=32, num_kv_heads=8,
+                       head_dim=128, num_experts=32, num_experts_per_tok=8, d_expert=2048,
+                       dtype='bfloat16'), 4, 4096
   return ModelConfig(vocab_size=32768, d_model=2048, num_layers=8, num_heads=16, num_kv_heads=4,
                      head_dim=128, num_experts=64, num_experts_per_tok=8, d_expert=768,
                      dtype='bfloat16'), 8, 4096
 
 
-def train_rows(small: bool) -> list[dict]:
-  cfg, rows_n, seq = _model(small)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, cfg.vocab_size, (rows_n, seq + 1), dtype=np.int32)
+def _param_count(cfg: ModelConfig) -> int:
+  return sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))))
+
+
+def _train_step_row(name: str, cfg: ModelConfig, rows_n: int, seq: int, opt: str) -> dict:
+  """One full train step timed; MFU against the device's bf16 peak."""
+  tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows_n, seq + 1), dtype=np.int32)
   batch = dict(tokens=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((rows_n, seq), np.int32),
                loss_mask=np.ones((rows_n, seq), np.float32))
   per_step = flops_lib.flops_per_token(cfg, seq)['train'] * rows_n * seq
-  peak = flops_lib.peak_flops() or float('nan')
+  mesh = mesh_lib.make_mesh('data:1')
+  trainer = step_lib.Trainer(cfg, optim.make_optimizer(optim.OptimizerConfig(name=opt), 100, cfg, mesh), mesh)
+  box = []
+
+  def run(put):  # Init on the first (untimed) call, inside _row's error handling.
+    if not box:
+      box.extend((trainer.init(jax.random.key(0)), trainer.step_fn()))
+    box[0], metrics = box[1](box[0], put, jax.random.key(1))
+    return metrics['loss']
+  row = _row(name, per_step, run, trainer.put_batch(batch), tokens=rows_n * seq,
+             params=_param_count(cfg), attention=attention.resolve_impl(cfg.attention_impl, False, seq),
+             experts=moe.resolve_impl(cfg.moe_impl))
+  if 'seconds' in row:
+    row['mfu'] = per_step / row['seconds'] / (flops_lib.peak_flops() or float('nan'))
+  return row
+
+
+def train_rows(small: bool, wide: bool = False) -> list[dict]:
+  """AdamW then Muon; a step that does not fit is retried once on half the rows."""
+  cfg, rows_n, seq = _model(small, wide)
   out = []
   for opt in ('adamw', 'muon'):
-    mesh = mesh_lib.make_mesh('data:1')
-    trainer = step_lib.Trainer(cfg, optim.make_optimizer(optim.OptimizerConfig(name=opt), 100, cfg, mesh), mesh)
-    state = trainer.init(jax.random.key(0))
-    step = trainer.step_fn()
-    put = trainer.put_batch(batch)
-    box = [state]
-
-    def run(put, box=box, step=step):
-      box[0], metrics = step(box[0], put, jax.random.key(1))
-      return metrics['loss']
-    row = _row(f'train_step/{opt}', per_step, run, put, tokens=rows_n * seq,
-               params=sum(x.size for x in jax.tree.leaves(state.params)),
-               attention=attention.resolve_impl(cfg.attention_impl, False, seq),
-               experts=moe.resolve_impl(cfg.moe_impl))
-    if 'seconds' in row:
-      row['mfu'] = per_step / row['seconds'] / peak
-    out.append(row)
-    del state, box
+    for rows in (rows_n, rows_n // 2):
+      out.append(_train_step_row(f'train_step/{"wide/" * wide}{opt}', cfg, rows, seq, opt))
+      if 'seconds' in out[-1]:
+        break
   return out
 
 
@@ -171,7 +185,8 @@ def decode_rows(small: bool) -> list[dict]:
   return [row]
 
 
-PARTS = {'moe': moe_rows, 'attention': attention_rows, 'train': train_rows, 'decode': decode_rows}
+PARTS = {'moe': moe_rows, 'attention': attention_rows, 'train': train_rows, 'decode': decode_rows,
+         'train_wide': lambda small: train_rows(small, wide=True)}
 
 
 def main():

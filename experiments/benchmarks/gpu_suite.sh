@@ -3,7 +3,7 @@
 # failing part leaves the others' results.
 #   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~12 min)
 #   OUT=... PARTS="moe train attention decode" bash experiments/benchmarks/gpu_suite.sh
-# Parts: moe train attention decode (experiments/benchmarks/gpu_kernels.py: kernels, MFU, decode),
+# Parts: moe train train_wide attention decode (experiments/benchmarks/gpu_kernels.py: kernels, MFU, decode),
 # muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
 # gpu_aot.py), paths (moe_paths.py's float32 table). Needs jax, optax, numpy and tokamax with its
 # dependencies (carried as wheels on a machine without a registry: docs/benchmarks.md).
@@ -19,10 +19,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$PY" -c 'from research.model import kernels
 print("tokamax GPU kernels that compile here:", {op: kernels.gpu_kernels(op) for op in ("ragged_dot", "attention")})'
 
-declare -A LIMIT=([moe]=150 [train]=140 [attention]=80 [decode]=50)
+declare -A LIMIT=([moe]=150 [train]=140 [train_wide]=140 [attention]=80 [decode]=50)
 for part in $PARTS; do
   case "$part" in
-    moe|train|attention|decode)
+    moe|train|train_wide|attention|decode)
       timeout "${LIMIT[$part]}" "$PY" -m experiments.benchmarks.gpu_kernels --part="$part" \
         --json="$OUT/gpu_$part.json" || echo "$part failed: $?";;
     muon)
