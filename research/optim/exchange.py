@@ -18,6 +18,16 @@ cut into chunks of about `chunk_bytes` per device, each with its own all-to-alls
 scheduler can run one chunk's exchange while another's NS computes. Normalization happens inside
 NS, after the exchange, on whole matrices.
 
+Spread replicas get every result back by an all-gather of their padded pieces, or, when padding
+is more than half of what it would gather (a few matrices spread over many replicas), by an
+all-reduce of the real matrices with zeros where a replica did not compute.
+
+exchange='balanced' splits each matrix's columns over the exchange group when that lowers NS
+FLOPs (a few huge matrices); exchange='auto' chooses, per group, the spread axes (any subset of
+the replicated axes) and whether to split, by the predicted step (research/optim/cost.py) on a
+cost.Topology: the fastest whose busiest device's NS FLOPs are within BALANCE of the balanced
+share, when one is ('auto_fastest': the fastest).
+
 `plan_groups` is pure Python on shapes, specs and a {axis: size} mesh: the runtime (`run`, inside
 `jax.shard_map` over the full mesh) and the analytic planner (research/optim/plan.py) share it.
 """
@@ -36,9 +46,11 @@ from optax.contrib import MuonDimensionNumbers
 from research.optim import cost as cost_lib
 from research.optim import newton_schulz
 
-EXCHANGES = ('all_to_all', 'all_gather', 'balanced', 'auto')
+EXCHANGES = ('all_to_all', 'all_gather', 'balanced', 'auto', 'auto_fastest')
+CHOSEN = ('auto', 'auto_fastest')  # Exchanges whose per-group layouts the cost model chooses.
 DEFAULT_CHUNK_BYTES = 64 * 2**20
-BALANCE = 1.15  # exchange='auto': the busiest device's NS FLOPs over the balanced share it aims at.
+BALANCE = 1.15  # exchange='auto': the busiest device's NS FLOPs over the balanced share it aims
+                # at ('auto_fastest': none, the fastest predicted step).
 EXCHANGE_WEIGHTS = tuple(2.0**k for k in range(-8, 9))  # Exchange- vs NS-seconds trade-offs.
 
 
@@ -167,7 +179,7 @@ def leaf_layout(shape: Sequence[int], spec: P | None, dim_nums: MuonDimensionNum
                 exchange: str = 'all_to_all') -> Leaf:
   """Layout of one leaf. Spread axes: the given ones the leaf is replicated over; None (or a
   callable returning None): all its replicated axes if it needs an exchange (or with
-  exchange='auto', which chooses among them), else none."""
+  an exchange in CHOSEN, which chooses among them), else none."""
   ndim = len(shape)
   red, out = normalize_axes(dim_nums, ndim, where)
   axes = spec_axes(spec, ndim, mesh_shape, where)
@@ -186,7 +198,7 @@ def leaf_layout(shape: Sequence[int], spec: P | None, dim_nums: MuonDimensionNum
   replicated = tuple(n for n, s in mesh_shape.items() if s > 1 and n not in used)
   spread_axes = resolve_spread_axes(spread_axes, where, mesh_shape)
   if spread_axes is None:
-    spread = replicated if exchange == 'auto' or any(d.axes for d in dims) else ()
+    spread = replicated if exchange in CHOSEN or any(d.axes for d in dims) else ()
   else:
     spread = tuple(n for n in replicated if n in spread_axes)
   return Leaf(perm=batch + red + out, local_shape=local,
@@ -264,10 +276,11 @@ def _options(idx, counts, dims, n_rows, dt, spread, mesh_shape, chunk_bytes) -> 
 
 
 def _choose(options: Sequence[Sequence[Group]], leaves: Sequence[Leaf],
-            mesh_shape: Mapping[str, int], steps: int, topology: cost_lib.Topology) -> list[Group]:
+            mesh_shape: Mapping[str, int], steps: int, topology: cost_lib.Topology,
+            balance: float) -> list[Group]:
   """Per group, the option minimizing NS seconds + mu x exchange seconds, for each mu in
   EXCHANGE_WEIGHTS (the trade-offs between the two totals); of these, the fastest predicted step
-  (cost.step_seconds) whose busiest device's NS FLOPs are within BALANCE of the balanced share
+  (cost.step_seconds) whose busiest device's NS FLOPs are within `balance` x the balanced share
   (NS keeps the compute units busy; an exchange can also hide behind other work), or if none is,
   the fastest."""
   costs = [[cost_lib.group_cost(g, mesh_shape, steps, topology.devices_per_node) for g in opts]
@@ -282,7 +295,7 @@ def _choose(options: Sequence[Sequence[Group]], leaves: Sequence[Leaf],
     chosen = [options[i][k] for i, k in enumerate(pick)]
     picked = [costs[i][k] for i, k in enumerate(pick)]
     step = cost_lib.step_seconds(picked, sum(len(g.chunks) for g in chosen), topology)
-    ranked.append((sum(c.ns_flops for c in picked) > BALANCE * balanced, step, chosen))
+    ranked.append((sum(c.ns_flops for c in picked) > balance * balanced, step, chosen))
   return min(ranked, key=lambda r: r[:2])[2]
 
 
@@ -290,9 +303,9 @@ def plan_groups(leaves: Sequence[Leaf], dtypes: Sequence[np.dtype], mesh_shape: 
                 exchange: str = 'all_to_all', chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                 steps: int = 5, topology: cost_lib.Topology | None = None) -> list[Group]:
   """Groups leaves with equal local matrix layout, dtype and spread axes; pads and chunks them.
-  With exchange='balanced', a group whose matrices are better split (`_splits`) is; with 'auto',
-  each group's spread axes and split are chosen by the predicted step on `topology` (default:
-  H100 nodes) for NS of `steps` steps."""
+  With exchange='balanced', a group whose matrices are better split (`_splits`) is; with 'auto'
+  ('auto_fastest'), each group's spread axes and split are chosen by the predicted step on
+  `topology` (default: H100 nodes) for NS of `steps` steps, within BALANCE where reachable (not)."""
   if exchange not in EXCHANGES:
     raise ValueError(f'exchange: expected one of {EXCHANGES}, got {exchange!r}')
   keyed: dict[tuple, list[int]] = {}
@@ -301,7 +314,7 @@ def plan_groups(leaves: Sequence[Leaf], dtypes: Sequence[np.dtype], mesh_shape: 
   options = []
   for (dims, n_rows, dt, spread), idx in keyed.items():
     counts = tuple(leaves[i].count for i in idx)
-    if exchange == 'auto':
+    if exchange in CHOSEN:
       options.append(_options(idx, counts, dims, n_rows, dt, spread, mesh_shape, chunk_bytes))
       continue
     s_size = math.prod(mesh_shape[n] for d in dims for n in d.axes)
@@ -309,8 +322,9 @@ def plan_groups(leaves: Sequence[Leaf], dtypes: Sequence[np.dtype], mesh_shape: 
     spread = () if split > 1 else _useful_spread(spread, sum(counts), s_size, mesh_shape)
     options.append([_group(idx, counts, dims, n_rows, dt, spread, split, mesh_shape, exchange,
                            chunk_bytes)])
-  if exchange == 'auto':
-    return _choose(options, leaves, mesh_shape, steps, topology or cost_lib.Topology())
+  if exchange in CHOSEN:
+    return _choose(options, leaves, mesh_shape, steps, topology or cost_lib.Topology(),
+                   BALANCE if exchange == 'auto' else math.inf)
   return [opts[0] for opts in options]
 
 

@@ -287,7 +287,7 @@ def _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning, weight_dimension_
                                      dict(mesh.shape) if mesh is not None else {})
   if exchange not in exchange_lib.EXCHANGES:
     raise ValueError(f'exchange: expected one of {exchange_lib.EXCHANGES}, got {exchange!r}')
-  if exchange in ('balanced', 'auto') and preconditioning == 'spectral':
+  if exchange in ('balanced',) + exchange_lib.CHOSEN and preconditioning == 'spectral':
     raise ValueError(f"exchange: {exchange!r} may split matrices; preconditioning 'spectral' "
                      "needs them whole")
   return _Orthogonalizer(
@@ -338,7 +338,8 @@ def scale_by_muon(
       exchange, none for leaves already whole (docs/muon.md, Layouts).
     exchange: 'all_to_all' (the sharded design), 'balanced' (the same, but a few huge matrices
       are split by columns over their exchange group), 'auto' (each group's spread axes and
-      split chosen by the predicted step on `topology`) or 'all_gather' (ZeRO-1 baseline).
+      split chosen by the predicted step on `topology`, NS within 1.15x the balanced share where
+      reachable), 'auto_fastest' (the same, fastest step) or 'all_gather' (ZeRO-1 baseline).
     chunk_bytes: per-device payload of one exchange chunk; smaller chunks overlap more.
     topology: the cluster exchange='auto' plans for (cost.Topology; None: H100/H200 nodes of 8).
   """

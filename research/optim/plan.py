@@ -27,9 +27,11 @@ dtype), state_bytes_per_device (Muon momentum and AdamW moments), num_chunks, an
 numbers compute_seconds, exchange_seconds and
 step_seconds = max(compute, exchange) + min(compute, exchange) / num_chunks, where with a topology
 exchange = sum over groups of max(intra / intra_bw, inter / inter_bw) + collectives x latency
-(chunked exchanges overlap NS except for the pipeline's fill and drain). The same layout code as
-the runtime (exchange.plan_groups) decides groups, padding and chunks, so FLOPs and bytes match the
-compiled program's cost_analysis() and HLO collectives (tests/optim/test_plan.py).
+(chunked exchanges overlap NS except for the pipeline's fill and drain; research/optim/cost.py).
+The same layout code as the runtime (exchange.plan_groups) decides groups, padding, chunks and,
+with exchange='auto', each group's spread axes and split (priced by cost.py on `topology`, its
+peak_flops replaced by `peak_flops` when both are given), so FLOPs and bytes match the compiled
+program's cost_analysis() and HLO collectives (tests/optim/test_plan.py).
 """
 
 import dataclasses
@@ -146,7 +148,7 @@ def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_
       dtypes.append(exchange_lib.exchange_dtype(ns_dtype, x.dtype))
       local_bytes += local * itemsize
       state_bytes += local * moment
-      global_counts.append(math.prod(x.shape) // math.prod(d.size for d in leaf.dims))
+      global_counts.append(leaf.total)
     else:
       state_bytes += local * (moment + itemsize)
   return _MuonLeaves(leaves, dtypes, global_counts, local_bytes, state_bytes)
