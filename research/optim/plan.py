@@ -12,10 +12,11 @@
                 they don't divide, as `tree_shardings` does.
   mesh_shape    {axis: size}, any size (e.g. {'data': 8, 'fsdp': 64, 'expert': 32}); standard axes
                 left out have size 1.
-  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and either
-                link_bandwidth (bytes/s one device sends, one flat link) or a Topology (nodes of
+  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and
+                link_bandwidth (bytes/s one device sends, one flat link), or a Topology (nodes of
                 N devices filled by the mesh in row-major order, innermost axis fastest; intra-
-                and inter-node bandwidth and latency) give the predicted seconds.
+                and inter-node bandwidth and latency; its peak_flops unless peak_flops is given)
+                give the predicted seconds.
 
 Plan fields, per device unless noted: ns_flops_per_device (matmul FLOPs of NS, padding and
 redundant copies included), ns_flops_total (every matrix once, whole mesh),
@@ -208,6 +209,7 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
              inter_bytes_per_device=sum((g.inter_bytes for g in groups), 0.0),
              local_shard_bytes=muon.local_bytes, state_bytes_per_device=muon.state_bytes,
              num_chunks=max(sum(n for _, _, n in planned), 1), groups=groups)
-  if peak_flops and (link_bandwidth or topology):
-    return _with_seconds(out, [c for _, c, _ in planned], peak_flops, link_bandwidth, topology)
+  peak = topology.peak_flops if topology is not None else peak_flops
+  if peak and (link_bandwidth or topology):
+    return _with_seconds(out, [c for _, c, _ in planned], peak, link_bandwidth, topology)
   return out

@@ -242,6 +242,7 @@ def test_default_labels_and_state_sharding():
     (dict(exchange='ring'), 'exchange'),
     (dict(preconditioning='newton'), 'preconditioning'),
     (dict(exchange='balanced', preconditioning='spectral'), "exchange: 'balanced'"),
+    (dict(exchange='auto', preconditioning='spectral'), "exchange: 'auto'"),
     (dict(spread_axes=('pipeline',)), "spread_axes at <all leaves>: mesh axis 'pipeline'"),
     (dict(shardings={'w': P('fsdp', 'model')}), "shardings at w: mesh axis 'model'"),
     (dict(muon_weight_dimension_numbers={'w': Dims(0.5, 1)}), 'weight_dimension_numbers at w'),

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from experiments.benchmarks.trees import moe_tree
+from research.optim import exchange as exchange_lib
 from research.optim import hlo_stats
 from research.optim import muon as muon_lib
 from research.optim import plan as plan_lib
@@ -236,6 +237,25 @@ def test_link_classes_match_compiled_on_two_nodes(mesh_spec, kwargs):
   assert plan.ns_flops_per_device == pytest.approx(hlo_stats.matmul_flops(hlo), rel=0.02)
   # Time: inter-node bytes at 50 GB/s dominate intra-node bytes at 450 GB/s.
   assert plan.exchange_seconds >= plan.inter_bytes_per_device / topology.inter_bandwidth
+
+
+@pytest.mark.parametrize('mesh_spec', ['fsdp:2,expert:4', 'data:2,fsdp:2,expert:2', 'expert:8'])
+def test_auto_trades_step_for_balance(mesh_spec):
+  """'auto_fastest' predicts the fastest step of the layouts 'auto' chooses among, including
+  'all_to_all''s; 'auto' keeps NS within exchange.BALANCE where 'auto_fastest' does not, or
+  else is the same. The choice is pure Python: it needs no devices."""
+  shapes, axes, dims = moe_tree(**SIZES)
+  topology = plan_lib.Topology(devices_per_node=4, peak_flops=1e12)
+  plans = {e: plan_lib.plan(shapes, axes, mesh_lib.parse_mesh_spec(mesh_spec),
+                            weight_dimension_numbers=dims, exchange=e, topology=topology)
+           for e in ('all_to_all', 'auto', 'auto_fastest')}
+  fastest, auto = plans['auto_fastest'], plans['auto']
+  assert fastest.step_seconds <= min(auto.step_seconds, plans['all_to_all'].step_seconds)
+  if fastest.flops_balance > exchange_lib.BALANCE:  # fsdp:2,expert:4: 1.31x; auto: 1.08x.
+    assert auto.flops_balance <= exchange_lib.BALANCE < fastest.flops_balance
+    assert auto.step_seconds > fastest.step_seconds
+  else:  # expert:8: the fastest is balanced already.
+    assert auto == fastest
 
 
 def test_peers_follow_row_major_device_order():
