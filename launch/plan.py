@@ -85,7 +85,8 @@ def plan_mesh(m: Model, shape: dict[str, int], peak_tflops: float = 989.0,
                         topology=topology)
   opt_row = {k: v for k, v in dataclasses.asdict(opt).items() if k != 'groups'}
   param_bytes = stats.bytes_per_device(m.cfg, shape)
-  return {'mesh': shape, 'devices': math.prod(shape.values()), 'param_bytes_per_device': param_bytes,
+  return {'mesh': shape, 'devices': math.prod(shape.values()),
+          'param_bytes_per_device': param_bytes,
           # Params, their gradients (same dtype) and the optimizer state; activations come on top.
           'static_bytes_per_device': 2 * param_bytes + opt.state_bytes_per_device,
           'optimizer': {**opt_row, 'flops_balance': opt.flops_balance,

@@ -326,20 +326,16 @@ def scale_by_muon(
       params'), Nesterov momentum.
     adaptive: scale each update by <momentum, update> (arXiv:2409.20325).
     preconditioning: 'frobenius', 'spectral', 'aol' or 'schatten' (newton_schulz.orthogonalize).
-    weight_dimension_numbers: MuonDimensionNumbers per leaf (tree, prefix or callable of the
-      updates); None: every leaf is a 2-d (reduction, output) matrix.
+    weight_dimension_numbers: MuonDimensionNumbers per leaf (tree, prefix or callable); None: 2-d.
     mesh: the device mesh; None: single device, or taken from NamedSharding shardings.
     shardings: how the params are sharded (tree or prefix of NamedSharding / PartitionSpec, or of
       logical-axis tuples mapped by the rules current when traced); None with a mesh: replicated.
-    ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere (complex leaves:
-      the complex dtype holding it, complex64 at least).
-    spread_axes: replicated mesh axes a leaf's matrices are split over (then all-gathered), or a
-      callable of the leaf's path returning them; None: all of them for leaves that need an
-      exchange, none for leaves already whole (docs/muon.md, Layouts).
-    exchange: 'all_to_all' (the sharded design), 'balanced' (the same, but a few huge matrices
-      are split by columns over their exchange group), 'auto' (each group's spread axes and
-      split chosen by the predicted step on `topology`, NS within 1.15x the balanced share where
-      reachable), 'auto_fastest' (the same, fastest step) or 'all_gather' (ZeRO-1 baseline).
+    ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere (complex: c64 up).
+    spread_axes: replicated mesh axes a leaf's matrices are split over, or a callable of the
+      leaf's path returning them; None: automatic (docs/muon.md, Layouts).
+    exchange: 'all_to_all' (the sharded design), 'balanced' (a few huge matrices split by
+      columns), 'auto' / 'auto_fastest' (spread and split per group by the cost model on
+      `topology`; 'auto': NS within 1.15x the balanced share if it can) or 'all_gather' (ZeRO-1).
     chunk_bytes: per-device payload of one exchange chunk; smaller chunks overlap more.
     topology: the cluster exchange='auto' plans for (cost.Topology; None: H100/H200 nodes of 8).
   """
