@@ -18,6 +18,16 @@ cut into chunks of about `chunk_bytes` per device, each with its own all-to-alls
 scheduler can run one chunk's exchange while another's NS computes. Normalization happens inside
 NS, after the exchange, on whole matrices.
 
+Spread replicas get every result back by an all-gather of their padded pieces, or, when padding
+is more than half of what it would gather (a few matrices spread over many replicas), by an
+all-reduce of the real matrices with zeros where a replica did not compute.
+
+exchange='balanced' splits each matrix's columns over the exchange group when that lowers NS
+FLOPs (a few huge matrices); exchange='auto' chooses, per group, the spread axes (any subset of
+the replicated axes) and whether to split, by the predicted step (research/optim/cost.py) on a
+cost.Topology: the fastest whose busiest device's NS FLOPs are within BALANCE of the balanced
+share, when one is ('auto_fastest': the fastest).
+
 `plan_groups` is pure Python on shapes, specs and a {axis: size} mesh: the runtime (`run`, inside
 `jax.shard_map` over the full mesh) and the analytic planner (research/optim/plan.py) share it.
 """
@@ -33,8 +43,15 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers
 
-EXCHANGES = ('all_to_all', 'all_gather', 'balanced')
+from research.optim import cost as cost_lib
+from research.optim import newton_schulz
+
+EXCHANGES = ('all_to_all', 'all_gather', 'balanced', 'auto', 'auto_fastest')
+CHOSEN = ('auto', 'auto_fastest')  # Exchanges whose per-group layouts the cost model chooses.
 DEFAULT_CHUNK_BYTES = 64 * 2**20
+BALANCE = 1.15  # exchange='auto': the busiest device's NS FLOPs over the balanced share it aims
+                # at ('auto_fastest': none, the fastest predicted step).
+EXCHANGE_WEIGHTS = tuple(2.0**k for k in range(-8, 9))  # Exchange- vs NS-seconds trade-offs.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +70,7 @@ class Leaf:
   dims: tuple[Dim, ...]          # Row dims then column dims.
   n_rows: int                    # How many of `dims` are rows.
   spread: tuple[str, ...]        # Replicated mesh axes its matrices are split over.
+  total: int = 0                 # Matrices in the whole leaf (all devices).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +89,8 @@ class Group:
   dtype: np.dtype                # Dtype exchanged and iterated.
   split: int = 1                 # S when each matrix's columns are split over M (`dims` then
                                  # describe one column set); 1: whole matrices.
+  restore: str = 'all_gather'    # How spread replicas get every result: 'all_gather' of the
+                                 # padded pieces, or 'psum' of the real matrices (zeros elsewhere).
 
   @property
   def exchange_size(self) -> int:
@@ -155,9 +175,11 @@ def resolve_spread_axes(spread_axes: SpreadAxes, where: str,
 
 
 def leaf_layout(shape: Sequence[int], spec: P | None, dim_nums: MuonDimensionNumbers,
-                mesh_shape: Mapping[str, int], spread_axes: SpreadAxes, where: str) -> Leaf:
+                mesh_shape: Mapping[str, int], spread_axes: SpreadAxes, where: str,
+                exchange: str = 'all_to_all') -> Leaf:
   """Layout of one leaf. Spread axes: the given ones the leaf is replicated over; None (or a
-  callable returning None): all its replicated axes if it needs an exchange, else none."""
+  callable returning None): all its replicated axes if it needs an exchange (or with
+  an exchange in CHOSEN, which chooses among them), else none."""
   ndim = len(shape)
   red, out = normalize_axes(dim_nums, ndim, where)
   axes = spec_axes(spec, ndim, mesh_shape, where)
@@ -176,11 +198,12 @@ def leaf_layout(shape: Sequence[int], spec: P | None, dim_nums: MuonDimensionNum
   replicated = tuple(n for n, s in mesh_shape.items() if s > 1 and n not in used)
   spread_axes = resolve_spread_axes(spread_axes, where, mesh_shape)
   if spread_axes is None:
-    spread = replicated if any(d.axes for d in dims) else ()
+    spread = replicated if exchange in CHOSEN or any(d.axes for d in dims) else ()
   else:
     spread = tuple(n for n in replicated if n in spread_axes)
   return Leaf(perm=batch + red + out, local_shape=local,
-              count=math.prod(local[:len(batch)]), dims=dims, n_rows=len(red), spread=spread)
+              count=math.prod(local[:len(batch)]), dims=dims, n_rows=len(red), spread=spread,
+              total=math.prod(shape[a] for a in batch))
 
 
 def _splits(dims: Sequence[Dim], n_rows: int, count: int, s: int) -> bool:
@@ -189,55 +212,120 @@ def _splits(dims: Sequence[Dim], n_rows: int, count: int, s: int) -> bool:
   case of a few huge matrices on a wide group."""
   p = math.prod(d.size for d in dims[:n_rows])
   q = math.prod(d.size for d in dims[n_rows:])
-  if s == 1 or dims[-1].local % s:
+  if not _can_split(dims, s):
     return False
   return count * (2 * q / s + p) < -(-count // s) * (2 * q + p)
 
 
+def _can_split(dims: Sequence[Dim], s: int) -> bool:
+  return s > 1 and dims[-1].local % s == 0
+
+
+def _useful_spread(spread: Sequence[str], count: int, s_size: int,
+                   mesh_shape: Mapping[str, int]) -> tuple[str, ...]:
+  """The spread axes that lower each device's share: past that, padding and the all-gather grow
+  with the mesh (a few large matrices on thousands of devices) for nothing."""
+  kept, r_size = [], 1
+  for n in spread:
+    if -(-count // (s_size * r_size * mesh_shape[n])) < -(-count // (s_size * r_size)):
+      kept.append(n)
+      r_size *= mesh_shape[n]
+  return tuple(kept)
+
+
+def _group(idx: Sequence[int], counts: tuple[int, ...], dims: tuple[Dim, ...], n_rows: int,
+           dt: np.dtype, spread: tuple[str, ...], split: int, mesh_shape: Mapping[str, int],
+           exchange: str, chunk_bytes: int) -> Group:
+  """One group with its spread axes and split decided: padding, chunks and how replicas are
+  restored (an all-reduce of the real matrices when the all-gather would carry mostly padding)."""
+  order = list(mesh_shape)
+  m_axes = tuple(sorted({n for d in dims for n in d.axes}, key=order.index))
+  s_size = math.prod(mesh_shape[n] for n in m_axes)
+  r_size = math.prod(mesh_shape[n] for n in spread)
+  if exchange == 'all_gather':  # Every device runs NS on all its matrices, whole.
+    spread, r_size, padded, per_device = (), 1, sum(counts), sum(counts)
+  elif split > 1:  # Column set k of every matrix goes to device k; replicas share matrices.
+    last = dims[-1]
+    dims = dims[:-1] + (Dim(last.size // split, last.axes, last.local // split),)
+    per_device = -(-sum(counts) // r_size)
+    padded = split * per_device * r_size
+  else:
+    unit = r_size * s_size
+    padded = -(-sum(counts) // unit) * unit
+    per_device = padded // unit
+  step = max(1, chunk_bytes // (math.prod(d.size for d in dims) * dt.itemsize))
+  if exchange == 'all_gather' or s_size == 1 or split > 1:  # One batched NS.
+    step = max(per_device, 1)
+  chunks = tuple(min(step, per_device - s) for s in range(0, per_device, step))
+  restore = 'psum' if r_size > 1 and 2 * split * sum(counts) < padded else 'all_gather'
+  return Group(
+      leaves=tuple(idx), counts=counts, dims=dims, n_rows=n_rows, exchange_axes=m_axes,
+      exchange_sizes=tuple(mesh_shape[n] for n in m_axes), spread_axes=spread,
+      spread_size=r_size, padded=padded, chunks=chunks, dtype=dt, split=split, restore=restore)
+
+
+def _options(idx, counts, dims, n_rows, dt, spread, mesh_shape, chunk_bytes) -> list[Group]:
+  """exchange='auto''s candidates for one group: every subset of its replicated axes to spread
+  over, with whole matrices or (too big to share) their columns split over the exchange group."""
+  s_size = math.prod(mesh_shape[n] for d in dims for n in d.axes)
+  subsets = [tuple(n for i, n in enumerate(spread) if mask >> i & 1)
+             for mask in range(2 ** len(spread))]
+  splits = (1, s_size) if _can_split(dims, s_size) else (1,)
+  return [_group(idx, counts, dims, n_rows, dt, sub, split, mesh_shape, 'auto', chunk_bytes)
+          for sub in subsets for split in splits]
+
+
+def _choose(options: Sequence[Sequence[Group]], leaves: Sequence[Leaf],
+            mesh_shape: Mapping[str, int], steps: int, topology: cost_lib.Topology,
+            balance: float) -> list[Group]:
+  """Per group, the option minimizing NS seconds + mu x exchange seconds, for each mu in
+  EXCHANGE_WEIGHTS (the trade-offs between the two totals); of these, the fastest predicted step
+  (cost.step_seconds) whose busiest device's NS FLOPs are within `balance` x the balanced share
+  (NS keeps the compute units busy; an exchange can also hide behind other work), or if none is,
+  the fastest."""
+  costs = [[cost_lib.group_cost(g, mesh_shape, steps, topology.devices_per_node) for g in opts]
+           for opts in options]
+  balanced = sum(leaves[i].total * newton_schulz.flops(*opts[0].shape, steps)  # opts[0]: whole.
+                 for opts in options for i in opts[0].leaves) / math.prod(mesh_shape.values())
+  ranked = []
+  for mu in EXCHANGE_WEIGHTS:
+    pick = [min(range(len(cs)), key=lambda k: (cs[k].ns_flops / topology.peak_flops
+                                               + mu * cs[k].exchange_seconds(topology)))
+            for cs in costs]
+    chosen = [options[i][k] for i, k in enumerate(pick)]
+    picked = [costs[i][k] for i, k in enumerate(pick)]
+    step = cost_lib.step_seconds(picked, sum(len(g.chunks) for g in chosen), topology)
+    ranked.append((sum(c.ns_flops for c in picked) > balance * balanced, step, chosen))
+  return min(ranked, key=lambda r: r[:2])[2]
+
+
 def plan_groups(leaves: Sequence[Leaf], dtypes: Sequence[np.dtype], mesh_shape: Mapping[str, int],
-                exchange: str = 'all_to_all',
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Group]:
+                exchange: str = 'all_to_all', chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                steps: int = 5, topology: cost_lib.Topology | None = None) -> list[Group]:
   """Groups leaves with equal local matrix layout, dtype and spread axes; pads and chunks them.
-  With exchange='balanced', a group whose matrices are better split (`_splits`) is."""
+  With exchange='balanced', a group whose matrices are better split (`_splits`) is; with 'auto'
+  ('auto_fastest'), each group's spread axes and split are chosen by the predicted step on
+  `topology` (default: H100 nodes) for NS of `steps` steps, within BALANCE where reachable (not)."""
   if exchange not in EXCHANGES:
     raise ValueError(f'exchange: expected one of {EXCHANGES}, got {exchange!r}')
   keyed: dict[tuple, list[int]] = {}
   for i, (leaf, dt) in enumerate(zip(leaves, dtypes)):
     keyed.setdefault((leaf.dims, leaf.n_rows, np.dtype(dt), leaf.spread), []).append(i)
-  order = list(mesh_shape)
-  groups = []
+  options = []
   for (dims, n_rows, dt, spread), idx in keyed.items():
-    m_axes = tuple(sorted({n for d in dims for n in d.axes}, key=order.index))
-    s_size = math.prod(mesh_shape[n] for n in m_axes)
     counts = tuple(leaves[i].count for i in idx)
-    # Spread only over replica axes that lower each device's share: past that, padding and the
-    # all-gather grow with the mesh (a few large matrices on thousands of devices) for nothing.
-    kept, r_size = [], 1
-    for n in spread:
-      if -(-sum(counts) // (s_size * r_size * mesh_shape[n])) < -(-sum(counts) // (s_size * r_size)):
-        kept.append(n)
-        r_size *= mesh_shape[n]
-    spread = tuple(kept)
+    if exchange in CHOSEN:
+      options.append(_options(idx, counts, dims, n_rows, dt, spread, mesh_shape, chunk_bytes))
+      continue
+    s_size = math.prod(mesh_shape[n] for d in dims for n in d.axes)
     split = s_size if exchange == 'balanced' and _splits(dims, n_rows, sum(counts), s_size) else 1
-    if exchange == 'all_gather':  # Every device runs NS on all its matrices, whole.
-      spread, r_size, padded, per_device = (), 1, sum(counts), sum(counts)
-    elif split > 1:  # Column set k of every matrix goes to device k: no padding, no spreading.
-      last = dims[-1]
-      dims = dims[:-1] + (Dim(last.size // split, last.axes, last.local // split),)
-      spread, r_size, padded, per_device = (), 1, split * sum(counts), sum(counts)
-    else:
-      unit = r_size * s_size
-      padded = -(-sum(counts) // unit) * unit
-      per_device = padded // unit
-    step = max(1, chunk_bytes // (math.prod(d.size for d in dims) * dt.itemsize))
-    if exchange == 'all_gather' or s_size == 1 or split > 1:  # One batched NS.
-      step = max(per_device, 1)
-    chunks = tuple(min(step, per_device - s) for s in range(0, per_device, step))
-    groups.append(Group(
-        leaves=tuple(idx), counts=counts, dims=dims, n_rows=n_rows, exchange_axes=m_axes,
-        exchange_sizes=tuple(mesh_shape[n] for n in m_axes), spread_axes=spread,
-        spread_size=r_size, padded=padded, chunks=chunks, dtype=dt, split=split))
-  return groups
+    spread = () if split > 1 else _useful_spread(spread, sum(counts), s_size, mesh_shape)
+    options.append([_group(idx, counts, dims, n_rows, dt, spread, split, mesh_shape, exchange,
+                           chunk_bytes)])
+  if exchange in CHOSEN:
+    return _choose(options, leaves, mesh_shape, steps, topology or cost_lib.Topology(),
+                   BALANCE if exchange == 'auto' else math.inf)
+  return [opts[0] for opts in options]
 
 
 def _expanded(g: Group) -> tuple[tuple[int, ...], list[int]]:
@@ -274,21 +362,31 @@ def _shards(y: jax.Array, g: Group) -> jax.Array:
 
 
 def _all_to_all_group(x: jax.Array, g: Group, ns: Callable[..., jax.Array]) -> jax.Array:
+  """Rows of `x` are (column set, matrix) shards; split groups have more than one column set."""
   if g.split > 1:  # Each device holds one column set of every matrix: NS sums X X^T over M.
     ns = functools.partial(ns, axis_name=g.exchange_axes)
-  x = jnp.pad(x, [(0, g.padded - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+  sub = x.shape[1:]
+  x = x.reshape((g.split, -1) + sub)
+  real = x.shape[1]
+  x = jnp.pad(x, [(0, 0), (0, g.padded // g.split - real)] + [(0, 0)] * len(sub))
   if g.spread_size > 1:  # Replicas each take their share; no traffic.
-    x = x.reshape((g.spread_size, -1) + x.shape[1:])
-    x = jax.lax.dynamic_index_in_dim(x, jax.lax.axis_index(g.spread_axes), 0, keepdims=False)
+    x = x.reshape((g.split, g.spread_size, -1) + sub)
+    x = jax.lax.dynamic_index_in_dim(x, jax.lax.axis_index(g.spread_axes), 1, keepdims=False)
+  x = x.reshape((-1,) + sub)
   outs, start = [], 0
   for c in g.chunks:
     n = c * g.exchange_size
     outs.append(_shards(ns(_whole(x[start:start + n], g)), g))
     start += n
-  y = jnp.concatenate(outs) if len(outs) > 1 else outs[0]
-  if g.spread_size > 1:
-    y = jax.lax.all_gather(y, g.spread_axes, axis=0, tiled=True)
-  return y
+  y = (jnp.concatenate(outs) if len(outs) > 1 else outs[0]).reshape((g.split, -1) + sub)
+  if g.restore == 'psum':  # Each replica's results in place, zeros elsewhere, summed.
+    full = jnp.zeros((g.split, g.padded // g.split) + sub, y.dtype)
+    full = jax.lax.dynamic_update_slice_in_dim(
+        full, y, jax.lax.axis_index(g.spread_axes) * y.shape[1], 1)
+    y = jax.lax.psum(full[:, :real], g.spread_axes)
+  elif g.spread_size > 1:
+    y = jax.lax.all_gather(y, g.spread_axes, axis=1, tiled=True)
+  return y.reshape((-1,) + sub)
 
 
 def _all_gather_group(x: jax.Array, g: Group, ns: Callable[[jax.Array], jax.Array]) -> jax.Array:

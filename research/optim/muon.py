@@ -5,10 +5,11 @@
        adaptive=False, adam_b1=0.9, adam_b2=0.999, adam_eps_root=0.0, adam_weight_decay=0.0,
        adam_learning_rate=None, muon_weight_dimension_numbers=None, param_labels=None,
        consistent_rms=None, mesh=None, shardings=None, **ns_options: ns_dtype=None,
-       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB) -> optax.GradientTransformation
+       spread_axes=None, exchange='all_to_all', chunk_bytes=64 MiB, topology=None)
+       -> optax.GradientTransformation
   scale_by_muon(ns_coeffs, ns_steps, beta, eps, mu_dtype, *, nesterov, adaptive,
                 weight_dimension_numbers, mesh, shardings, ns_dtype, spread_axes, exchange,
-                chunk_bytes) -> optax.GradientTransformation   (momentum + NS, no lr)
+                chunk_bytes, topology) -> optax.GradientTransformation   (momentum + NS, no lr)
   state_shardings(state, params, shardings, mesh=None) -> pytree of NamedSharding
 
 With the same hyperparameters `muon` computes what `optax.contrib.muon` computes (every
@@ -44,6 +45,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from optax.contrib import MuonDimensionNumbers
 
+from research.optim import cost as cost_lib
 from research.optim import exchange as exchange_lib
 from research.optim import newton_schulz
 from research.parallel import sharding as sharding_lib
@@ -210,6 +212,8 @@ class _Orthogonalizer:
   spread_axes: exchange_lib.SpreadAxes
   exchange: str
   chunk_bytes: int
+  steps: int                             # NS steps (what exchange='auto' prices).
+  topology: cost_lib.Topology | None     # Hardware exchange='auto' chooses layouts for.
 
   def layouts(self, tree) -> Layouts:
     """Fails, naming the leaf, on dimension numbers or shardings that don't fit it."""
@@ -225,9 +229,10 @@ class _Orthogonalizer:
       where = path_str(path) or '<root>'
       leaves.append(exchange_lib.leaf_layout(
           x.shape, named and named[i].spec, leaf_dimension_numbers(dims[i], x.ndim, where),
-          mesh_shape, self.spread_axes, where))
+          mesh_shape, self.spread_axes, where, self.exchange))
     dtypes = [exchange_lib.exchange_dtype(self.ns_dtype, flat[i][1].dtype) for i in active]
-    groups = exchange_lib.plan_groups(leaves, dtypes, mesh_shape, self.exchange, self.chunk_bytes)
+    groups = exchange_lib.plan_groups(leaves, dtypes, mesh_shape, self.exchange, self.chunk_bytes,
+                                      self.steps, self.topology)
     return Layouts(flat, treedef, active, leaves, groups, named)
 
   def __call__(self, tree):
@@ -268,7 +273,8 @@ def _momentum(updates, state: MuonState, beta: float, nesterov: bool):
 
 
 def _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning, weight_dimension_numbers, mesh,
-                    shardings, ns_dtype, spread_axes, exchange, chunk_bytes) -> _Orthogonalizer:
+                    shardings, ns_dtype, spread_axes, exchange, chunk_bytes,
+                    topology) -> _Orthogonalizer:
   """Checks scale_by_muon's arguments, failing on the first bad one by name."""
   coeffs = newton_schulz.schedule(ns_coeffs, ns_steps)
   if preconditioning not in newton_schulz.PRECONDITIONINGS:
@@ -281,15 +287,15 @@ def _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning, weight_dimension_
                                      dict(mesh.shape) if mesh is not None else {})
   if exchange not in exchange_lib.EXCHANGES:
     raise ValueError(f'exchange: expected one of {exchange_lib.EXCHANGES}, got {exchange!r}')
-  if exchange == 'balanced' and preconditioning == 'spectral':
-    raise ValueError("exchange: 'balanced' may split matrices; preconditioning 'spectral' needs "
-                     "them whole")
+  if exchange in ('balanced',) + exchange_lib.CHOSEN and preconditioning == 'spectral':
+    raise ValueError(f"exchange: {exchange!r} may split matrices; preconditioning 'spectral' "
+                     "needs them whole")
   return _Orthogonalizer(
       ns=functools.partial(newton_schulz.orthogonalize, coeffs=coeffs, eps=eps,
                            preconditioning=preconditioning),
       weight_dimension_numbers=weight_dimension_numbers, mesh=mesh, shardings=shardings,
       ns_dtype=jnp.dtype(ns_dtype or default_ns_dtype()), spread_axes=spread_axes,
-      exchange=exchange, chunk_bytes=chunk_bytes)
+      exchange=exchange, chunk_bytes=chunk_bytes, steps=len(coeffs), topology=topology)
 
 
 def scale_by_muon(
@@ -309,6 +315,7 @@ def scale_by_muon(
     spread_axes: exchange_lib.SpreadAxes = None,
     exchange: str = 'all_to_all',
     chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES,
+    topology: cost_lib.Topology | None = None,
 ) -> optax.GradientTransformation:
   """Momentum, then Newton–Schulz on every leaf it sees (as optax.contrib.scale_by_muon).
 
@@ -319,23 +326,22 @@ def scale_by_muon(
       params'), Nesterov momentum.
     adaptive: scale each update by <momentum, update> (arXiv:2409.20325).
     preconditioning: 'frobenius', 'spectral', 'aol' or 'schatten' (newton_schulz.orthogonalize).
-    weight_dimension_numbers: MuonDimensionNumbers per leaf (tree, prefix or callable of the
-      updates); None: every leaf is a 2-d (reduction, output) matrix.
+    weight_dimension_numbers: MuonDimensionNumbers per leaf (tree, prefix or callable); None: 2-d.
     mesh: the device mesh; None: single device, or taken from NamedSharding shardings.
     shardings: how the params are sharded (tree or prefix of NamedSharding / PartitionSpec, or of
       logical-axis tuples mapped by the rules current when traced); None with a mesh: replicated.
-    ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere (complex leaves:
-      the complex dtype holding it, complex64 at least).
-    spread_axes: replicated mesh axes a leaf's matrices are split over (then all-gathered), or a
-      callable of the leaf's path returning them; None: all of them for leaves that need an
-      exchange, none for leaves already whole (docs/muon.md, Layouts).
-    exchange: 'all_to_all' (the sharded design), 'balanced' (the same, but a few huge matrices
-      are split by columns over their exchange group) or 'all_gather' (ZeRO-1 baseline).
+    ns_dtype: dtype exchanged and iterated; None: f32 on CPU, bf16 elsewhere (complex: c64 up).
+    spread_axes: replicated mesh axes a leaf's matrices are split over, or a callable of the
+      leaf's path returning them; None: automatic (docs/muon.md, Layouts).
+    exchange: 'all_to_all' (the sharded design), 'balanced' (a few huge matrices split by
+      columns), 'auto' / 'auto_fastest' (spread and split per group by the cost model on
+      `topology`; 'auto': NS within 1.15x the balanced share if it can) or 'all_gather' (ZeRO-1).
     chunk_bytes: per-device payload of one exchange chunk; smaller chunks overlap more.
+    topology: the cluster exchange='auto' plans for (cost.Topology; None: H100/H200 nodes of 8).
   """
   orthogonalize = _orthogonalizer(ns_coeffs, ns_steps, eps, preconditioning,
                                   weight_dimension_numbers, mesh, shardings, ns_dtype, spread_axes,
-                                  exchange, chunk_bytes)
+                                  exchange, chunk_bytes, topology)
 
   def init_fn(params):
     orthogonalize.layouts(params)  # Fails here, naming the leaf, on dims or shardings that misfit.
@@ -409,7 +415,7 @@ def muon(
     **ns_options: Any,
 ) -> optax.GradientTransformation:
   """Muon for matrices, AdamW for the rest; arguments as optax.contrib.muon and scale_by_muon
-  (`ns_options`: its ns_dtype, spread_axes, exchange, chunk_bytes).
+  (`ns_options`: its ns_dtype, spread_axes, exchange, chunk_bytes, topology).
 
   `param_labels`: 'muon' / 'adam' per leaf (tree or callable of the params); None: Muon for leaves
   with dimension numbers (all 2-d leaves if `muon_weight_dimension_numbers` is None) outside paths

@@ -128,12 +128,18 @@ def orthogonalize(x_BxPxQ: jax.Array, coeffs: Coeffs, eps: float = 1e-8,
     a_BxPxP = _gram(x, axis_name)
     if i == 0 and preconditioning in ('aol', 'schatten'):
       x, a_BxPxP = _rescaled(x, a_BxPxP, preconditioning, eps)
-    x = a * x + (b * a_BxPxP + c * a_BxPxP @ a_BxPxP) @ x
+    if x.shape[-1] < x.shape[-2]:  # Fewer (local) columns than rows: A (A X) is the cheaper order.
+      ax = a_BxPxP @ x
+      x = a * x + b * ax + c * a_BxPxP @ ax
+    else:
+      x = a * x + (b * a_BxPxP + c * a_BxPxP @ a_BxPxP) @ x
   return x.astype(out_dtype)
 
 
 def flops(p: int, q: int, steps: int, split: int = 1) -> int:
   """Matmul FLOPs of `steps` NS steps on one p x q matrix: X X^T, A A and B X per step; with
-  `split`, one device's part when the columns are split that many ways (A A is repeated)."""
+  `split`, one device's part when the columns are split that many ways (A A is repeated), or
+  X X^T, A X and A (A X) once a device holds fewer columns than rows (`orthogonalize`)."""
   p, q = min(p, q), max(p, q)
-  return steps * 2 * p * p * (2 * q // split + p)
+  local = q // split
+  return steps * 2 * p * p * (3 * local if local < p else 2 * local + p)

@@ -12,10 +12,11 @@
                 they don't divide, as `tree_shardings` does.
   mesh_shape    {axis: size}, any size (e.g. {'data': 8, 'fsdp': 64, 'expert': 32}); standard axes
                 left out have size 1.
-  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and either
-                link_bandwidth (bytes/s one device sends, one flat link) or a Topology (nodes of
+  other args    as research.optim.muon.muon; peak_flops (FLOP/s per device) and
+                link_bandwidth (bytes/s one device sends, one flat link), or a Topology (nodes of
                 N devices filled by the mesh in row-major order, innermost axis fastest; intra-
-                and inter-node bandwidth and latency) give the predicted seconds.
+                and inter-node bandwidth and latency; its peak_flops unless peak_flops is given)
+                give the predicted seconds.
 
 Plan fields, per device unless noted: ns_flops_per_device (matmul FLOPs of NS, padding and
 redundant copies included), ns_flops_total (every matrix once, whole mesh),
@@ -27,9 +28,11 @@ dtype), state_bytes_per_device (Muon momentum and AdamW moments), num_chunks, an
 numbers compute_seconds, exchange_seconds and
 step_seconds = max(compute, exchange) + min(compute, exchange) / num_chunks, where with a topology
 exchange = sum over groups of max(intra / intra_bw, inter / inter_bw) + collectives x latency
-(chunked exchanges overlap NS except for the pipeline's fill and drain). The same layout code as
-the runtime (exchange.plan_groups) decides groups, padding and chunks, so FLOPs and bytes match the
-compiled program's cost_analysis() and HLO collectives (tests/optim/test_plan.py).
+(chunked exchanges overlap NS except for the pipeline's fill and drain; research/optim/cost.py).
+The same layout code as the runtime (exchange.plan_groups) decides groups, padding, chunks and,
+with exchange='auto', each group's spread axes and split (priced by cost.py on `topology`, its
+peak_flops replaced by `peak_flops` when both are given), so FLOPs and bytes match the compiled
+program's cost_analysis() and HLO collectives (tests/optim/test_plan.py).
 """
 
 import dataclasses
@@ -42,6 +45,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from research.optim import cost as cost_lib
 from research.optim import exchange as exchange_lib
 from research.optim import muon as muon_lib
 from research.optim import newton_schulz
@@ -49,29 +53,8 @@ from research.parallel import mesh as mesh_lib
 from research.parallel import sharding as sharding_lib
 
 
-@dataclasses.dataclass(frozen=True)
-class Topology:
-  """Nodes of `devices_per_node` devices; the mesh's devices fill them in row-major order (the
-  last, innermost mesh axis varies fastest, as jax.make_mesh lays them). Bandwidths: bytes/s one
-  device sends (per direction); latencies: seconds per collective. Defaults: H100/H200 nodes
-  (NVLink ~450 GB/s per direction, one 400 Gb/s NIC per GPU)."""
-  devices_per_node: int = 8
-  intra_bandwidth: float = 450e9
-  inter_bandwidth: float = 50e9
-  intra_latency: float = 10e-6
-  inter_latency: float = 30e-6
-
-
-def peers(mesh_shape: Mapping[str, int], axes: Sequence[str],
-          devices_per_node: int) -> tuple[int, int]:
-  """(same-node, other-node) peers of device 0 in its collective group over mesh `axes`."""
-  names = list(mesh_shape)
-  ids = [0]
-  for a in axes:
-    stride = math.prod(mesh_shape[n] for n in names[names.index(a) + 1:])
-    ids = [i + k * stride for i in ids for k in range(mesh_shape[a])]
-  intra = sum(i // devices_per_node == 0 for i in ids) - 1
-  return intra, len(ids) - 1 - intra
+Topology = cost_lib.Topology
+peers = cost_lib.peers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +67,10 @@ class GroupPlan:
   exchange_bytes: float        # Sent by one device.
   intra_bytes: float = 0.0     # Of which to its own node (with a topology).
   inter_bytes: float = 0.0     # To other nodes.
-  collectives: int = 0         # All-to-alls and all-gathers.
+  collectives: int = 0         # All-to-alls, all-gathers and all-reduces.
   inter_node: bool = False     # Whether any of them crosses nodes.
+  split: int = 1               # Column sets each matrix is split into (exchange.Group.split).
+  restore: str = 'all_gather'  # How spread replicas get the results (exchange.Group.restore).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +124,7 @@ class _MuonLeaves(NamedTuple):
 
 
 def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_labels, ns_dtype,
-                 mu_dtype, spread_axes, rules) -> _MuonLeaves:
+                 mu_dtype, spread_axes, exchange, rules) -> _MuonLeaves:
   """Layouts of the Muon leaves, their shard bytes and every leaf's optimizer-state bytes."""
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   sh_flat = treedef.flatten_up_to(jax.tree.map(
@@ -159,69 +144,37 @@ def _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_
     moment = np.dtype(mu_dtype or x.dtype).itemsize
     if label == 'muon':
       d = muon_lib.leaf_dimension_numbers(d, len(x.shape), where)
-      leaf = exchange_lib.leaf_layout(x.shape, spec, d, mesh_shape, spread_axes, where)
+      leaf = exchange_lib.leaf_layout(x.shape, spec, d, mesh_shape, spread_axes, where, exchange)
       leaves.append(leaf)
       dtypes.append(exchange_lib.exchange_dtype(ns_dtype, x.dtype))
       local_bytes += local * itemsize
       state_bytes += local * moment
-      global_counts.append(math.prod(x.shape) // math.prod(d.size for d in leaf.dims))
+      global_counts.append(leaf.total)
     else:
       state_bytes += local * (moment + itemsize)
   return _MuonLeaves(leaves, dtypes, global_counts, local_bytes, state_bytes)
 
 
-class _GroupCost(NamedTuple):
-  plan: GroupPlan
-  ns_flops: float                        # Per device.
-  chunks: int
-
-
-def _group_costs(muon: _MuonLeaves, mesh_shape, exchange: str, chunk_bytes: int, steps: int,
-                 devices_per_node: int) -> list[_GroupCost]:
-  """Each exchange group's plan (bytes split by link class: every peer of a collective gets an
-  equal part), per-device NS FLOPs and chunk count."""
+def _group_plans(muon: _MuonLeaves, mesh_shape, exchange: str, chunk_bytes: int, steps: int,
+                 topology: Topology | None) -> list[tuple[GroupPlan, cost_lib.GroupCost, int]]:
+  """Each exchange group as the runtime lays it out: (plan, cost, chunks)."""
   out = []
-  for g in exchange_lib.plan_groups(muon.leaves, muon.dtypes, mesh_shape, exchange, chunk_bytes):
-    per_device = sum(g.chunks)
-    s, r, item = g.exchange_size, g.spread_size, g.dtype.itemsize
-    m_in, m_out = peers(mesh_shape, g.exchange_axes, devices_per_node)
-    r_in, r_out = peers(mesh_shape, g.spread_axes, devices_per_node)
-    if exchange == 'all_gather':  # Per peer: its shard of every matrix.
-      per_m, per_r, collectives = g.padded * g.local_elems * item, 0, sum(
-          bool(d.axes) for d in g.dims)
-    else:  # Per peer: 1/S of the payload each way; the all-gather: the device's whole piece.
-      payload = g.padded // r * g.local_elems * item
-      per_m, per_r = 2 * payload / s, payload
-      collectives = 2 * len(g.chunks) * (s > 1) + (r > 1)
-      if g.split > 1:  # All-reduces of X X^T every step and of the squared norms (f32 or wider).
-        norm = np.finfo(np.promote_types(g.dtype, np.float32)).bits // 8
-        per_m += 2 * per_device * (steps * g.shape[0] ** 2 * item + norm) / s
-        collectives += steps + 1
-    intra, inter = per_m * m_in + per_r * r_in, per_m * m_out + per_r * r_out
-    matrices = sum(muon.global_counts[i] for i in g.leaves)
+  for g in exchange_lib.plan_groups(muon.leaves, muon.dtypes, mesh_shape, exchange, chunk_bytes,
+                                    steps, topology):
+    c = cost_lib.group_cost(g, mesh_shape, steps, topology.devices_per_node if topology else 1,
+                            exchange == 'all_gather')
     shape = (g.shape[0], g.shape[1] * g.split)
-    out.append(_GroupCost(
-        GroupPlan(shape, matrices, per_device, s, r, intra + inter, intra, inter, collectives,
-                  bool(m_out or r_out)),
-        per_device * newton_schulz.flops(*shape, steps, g.split), len(g.chunks)))
+    out.append((GroupPlan(shape, sum(muon.global_counts[i] for i in g.leaves), sum(g.chunks),
+                          g.exchange_size, g.spread_size, c.intra_bytes + c.inter_bytes,
+                          c.intra_bytes, c.inter_bytes, c.collectives, c.inter_node, g.split,
+                          g.restore), c, len(g.chunks)))
   return out
 
 
-def _exchange_seconds(groups: Sequence[GroupPlan], topology: Topology) -> float:
-  """Per group: intra- and inter-node traffic proceed in parallel; each collective pays the
-  latency of the slowest link it crosses."""
-  t = 0.0
-  for g in groups:
-    latency = topology.inter_latency if g.inter_node else topology.intra_latency
-    t += (max(g.intra_bytes / topology.intra_bandwidth, g.inter_bytes / topology.inter_bandwidth)
-          + g.collectives * latency)
-  return t
-
-
-def _with_seconds(out: Plan, peak_flops: float, link_bandwidth: float | None,
-                  topology: Topology | None) -> Plan:
+def _with_seconds(out: Plan, costs: Sequence[cost_lib.GroupCost], peak_flops: float,
+                  link_bandwidth: float | None, topology: Topology | None) -> Plan:
   compute = out.ns_flops_per_device / peak_flops
-  comm = (_exchange_seconds(out.groups, topology) if topology is not None
+  comm = (sum(c.exchange_seconds(topology) for c in costs) if topology is not None
           else out.exchange_bytes_per_device / link_bandwidth)
   return dataclasses.replace(
       out, compute_seconds=compute, exchange_seconds=comm,
@@ -243,18 +196,20 @@ def plan(shapes: Any, shardings: Any, mesh_shape: Mapping[str, int], *,
       raise ValueError(f'mesh_shape: axis {a!r} has size {n}')
   steps = len(newton_schulz.schedule(ns_coeffs, ns_steps))
   muon = _muon_leaves(shapes, shardings, mesh_shape, weight_dimension_numbers, param_labels,
-                      np.dtype(ns_dtype), mu_dtype, spread_axes, rules)
-  costs = _group_costs(muon, mesh_shape, exchange, chunk_bytes, steps,
-                       topology.devices_per_node if topology else 1)
-  groups = tuple(c.plan for c in costs)
+                      np.dtype(ns_dtype), mu_dtype, spread_axes, exchange, rules)
+  if topology is not None and peak_flops:
+    topology = dataclasses.replace(topology, peak_flops=peak_flops)
+  planned = _group_plans(muon, mesh_shape, exchange, chunk_bytes, steps, topology)
+  groups = tuple(g for g, _, _ in planned)
   out = Plan(num_devices=math.prod(mesh_shape.values()),
-             ns_flops_per_device=sum(c.ns_flops for c in costs),
+             ns_flops_per_device=sum(c.ns_flops for _, c, _ in planned),
              ns_flops_total=sum(g.matrices * newton_schulz.flops(*g.shape, steps) for g in groups),
              exchange_bytes_per_device=sum((g.exchange_bytes for g in groups), 0.0),
              intra_bytes_per_device=sum((g.intra_bytes for g in groups), 0.0),
              inter_bytes_per_device=sum((g.inter_bytes for g in groups), 0.0),
              local_shard_bytes=muon.local_bytes, state_bytes_per_device=muon.state_bytes,
-             num_chunks=max(sum(c.chunks for c in costs), 1), groups=groups)
-  if peak_flops and (link_bandwidth or topology):
-    return _with_seconds(out, peak_flops, link_bandwidth, topology)
+             num_chunks=max(sum(n for _, _, n in planned), 1), groups=groups)
+  peak = topology.peak_flops if topology is not None else peak_flops
+  if peak and (link_bandwidth or topology):
+    return _with_seconds(out, [c for _, c, _ in planned], peak, link_bandwidth, topology)
   return out

@@ -38,7 +38,7 @@ class MuonConfig:
   per_head: bool = False            # Orthogonalize each attention head's matrix on its own.
   adam_learning_rate: float = 0.0   # AdamW's peak rate for embeddings, head, norms; 0 = optimizer.learning_rate.
   ns_dtype: str = 'auto'            # Dtype exchanged and iterated: 'auto' (float32 on CPU, else bfloat16).
-  exchange: str = 'all_to_all'      # 'all_to_all' (whole matrices spread over devices), 'balanced' (huge ones split by columns) or 'all_gather' (ZeRO-1).
+  exchange: str = 'all_to_all'      # 'all_to_all' (whole matrices spread over devices), 'balanced' (huge ones split by columns), 'auto' / 'auto_fastest' (chosen per group by the cost model, H100 nodes) or 'all_gather' (ZeRO-1).
   chunk_bytes: int = exchange_lib.DEFAULT_CHUNK_BYTES  # Per-device payload of one exchange chunk.
   spread_axes: tuple[str, ...] | None = None  # Mesh axes matrices are split over; None: automatic.
   qk_clip_tau: float = 0.0          # MuonClip: rescale q/k of heads whose max logit > tau; 0 = off.

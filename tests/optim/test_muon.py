@@ -138,6 +138,34 @@ def test_balanced_exchange_splits_matrices_and_equals_optax(mesh_spec):
     _assert_close(_run(opt, params, grads), _reference(**kwargs))
 
 
+@pytest.mark.parametrize('mesh_spec, preconditioning', [('data:2,fsdp:2,expert:2', 'frobenius'),
+                                                       ('data:2,fsdp:2,expert:2', 'aol'),
+                                                       ('expert:8', 'frobenius')])
+def test_auto_layouts_equal_optax_on_mesh(mesh_spec, preconditioning):
+  """exchange='auto' with NS priced high (a slow chip) balances NS better than 'all_to_all': on
+  the first mesh the 3-matrix stacks are split by columns and spread over replicas (A (A X) on
+  the narrow column sets); on expert:8 the replicated 3-matrix stacks go to 3 of 8 replicas,
+  restored by an all-reduce of the 3 real matrices instead of gathering 8 padded ones. Still
+  optax's update."""
+  mesh = mesh_lib.make_mesh(mesh_spec)
+  shapes, axes, dims = _tree()
+  topology = plan_lib.Topology(devices_per_node=4, peak_flops=1e6)
+  plan = plan_lib.plan(shapes, axes, dict(mesh.shape), weight_dimension_numbers=dims,
+                       exchange='auto', topology=topology)
+  if mesh_spec == 'expert:8':
+    assert any(g.restore == 'psum' for g in plan.groups)
+  else:
+    assert any(g.split > 1 and g.spread_size > 1 for g in plan.groups)
+  assert plan.flops_balance < plan_lib.plan(shapes, axes, dict(mesh.shape),
+                                            weight_dimension_numbers=dims).flops_balance
+  shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
+  params, grads = _random(shapes, 0), _random(shapes, 1)
+  params, grads = jax.device_put(params, shardings), jax.device_put(grads, shardings)
+  opt = muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, mesh=mesh, shardings=shardings,
+                      preconditioning=preconditioning, exchange='auto', topology=topology)
+  _assert_close(_run(opt, params, grads), _reference(preconditioning=preconditioning))
+
+
 def test_complex_leaves_equal_optax_on_mesh():
   """Complex matrices are exchanged as complex64 (never cast to the real ns_dtype) and
   orthogonalized with the conjugate transpose."""
@@ -214,6 +242,7 @@ def test_default_labels_and_state_sharding():
     (dict(exchange='ring'), 'exchange'),
     (dict(preconditioning='newton'), 'preconditioning'),
     (dict(exchange='balanced', preconditioning='spectral'), "exchange: 'balanced'"),
+    (dict(exchange='auto', preconditioning='spectral'), "exchange: 'auto'"),
     (dict(spread_axes=('pipeline',)), "spread_axes at <all leaves>: mesh axis 'pipeline'"),
     (dict(shardings={'w': P('fsdp', 'model')}), "shardings at w: mesh axis 'model'"),
     (dict(muon_weight_dimension_numbers={'w': Dims(0.5, 1)}), 'weight_dimension_numbers at w'),

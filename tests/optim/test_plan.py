@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from experiments.benchmarks.trees import moe_tree
+from research.optim import exchange as exchange_lib
 from research.optim import hlo_stats
 from research.optim import muon as muon_lib
 from research.optim import plan as plan_lib
@@ -23,9 +24,10 @@ FAST_COMPILE = {'xla_backend_optimization_level': 0}
 
 @functools.cache
 def _lower(mesh_spec, **kwargs):
-  """(lowered, plan) of the full Muon + AdamW update on the tiny MoE tree."""
+  """(lowered, plan) of the full Muon + AdamW update on the tiny MoE tree (`layers` of them,
+  the other kwargs: muon's)."""
   mesh = mesh_lib.make_mesh(mesh_spec)
-  shapes, axes, dims = moe_tree(**SIZES)
+  shapes, axes, dims = moe_tree(**dict(SIZES, L=kwargs.pop('layers', SIZES['L'])))
   shardings = sharding_lib.tree_shardings(axes, shapes, mesh)
   opt = muon_lib.muon(0.02, muon_weight_dimension_numbers=dims, mesh=mesh, shardings=shardings,
                       **kwargs)
@@ -35,7 +37,8 @@ def _lower(mesh_spec, **kwargs):
       shapes, state, shapes)
   ns_dtype = kwargs.get('ns_dtype', jnp.float32)
   plan = plan_lib.plan(shapes, axes, dict(mesh.shape), weight_dimension_numbers=dims,
-                       ns_dtype=ns_dtype, exchange=kwargs.get('exchange', 'all_to_all'))
+                       ns_dtype=ns_dtype, exchange=kwargs.get('exchange', 'all_to_all'),
+                       topology=kwargs.get('topology'))
   return lowered, plan
 
 
@@ -199,19 +202,32 @@ def test_hlo_stats_counts_ragged_exchanges_but_not_their_worst_case_bytes():
   assert hlo_stats.collective_bytes(RAGGED_HLO) == 8 * 8 * 7 / 8  # Only the offsets' all-to-all.
 
 
-@pytest.mark.parametrize('mesh_spec, exchange', [('fsdp:2,expert:4', 'all_to_all'),
-                                                 ('data:2,fsdp:2,expert:2', 'all_to_all'),
-                                                 ('fsdp:8', 'balanced')])
-def test_link_classes_match_compiled_on_two_nodes(mesh_spec, exchange):
+# exchange='auto' as chosen for a slow chip (NS priced high): splits and spreads on the first
+# mesh; on expert:8 with 3 layers, the dense 3-matrix stacks go to 3 of 8 replicas and come back
+# by an all-reduce of the 3 real matrices.
+SLOW_CHIP = plan_lib.Topology(devices_per_node=4, peak_flops=1e6)
+
+
+@pytest.mark.parametrize('mesh_spec, kwargs', [
+    ('fsdp:2,expert:4', {}),
+    ('data:2,fsdp:2,expert:2', {}),
+    ('fsdp:8', {'exchange': 'balanced'}),
+    ('data:2,fsdp:2,expert:2', {'exchange': 'auto', 'topology': SLOW_CHIP}),
+    ('expert:8', {'exchange': 'auto', 'topology': SLOW_CHIP, 'layers': 3}),
+])
+def test_link_classes_match_compiled_on_two_nodes(mesh_spec, kwargs):
   """8 devices as 2 nodes of 4: the bytes the compiled program sends inside and across nodes
-  (its replica groups name the devices) equal the topology model's split; 'balanced' adds the
-  all-reduces of split matrices."""
-  compiled, _ = _compile(mesh_spec, **({} if exchange == 'all_to_all' else {'exchange': exchange}))
-  shapes, axes, dims = moe_tree(**SIZES)
-  topology = plan_lib.Topology(devices_per_node=4)
+  (its replica groups name the devices) equal the topology model's split; 'balanced' and 'auto'
+  add the all-reduces of split matrices and of sparsely spread ones."""
+  compiled, _ = _compile(mesh_spec, **kwargs)
+  shapes, axes, dims = moe_tree(**dict(SIZES, L=kwargs.get('layers', SIZES['L'])))
+  topology = kwargs.get('topology', plan_lib.Topology(devices_per_node=4, peak_flops=1e12))
   plan = plan_lib.plan(shapes, axes, mesh_lib.parse_mesh_spec(mesh_spec),
-                       weight_dimension_numbers=dims, exchange=exchange, topology=topology,
-                       peak_flops=1e12)
+                       weight_dimension_numbers=dims, exchange=kwargs.get('exchange', 'all_to_all'),
+                       topology=topology, peak_flops=topology.peak_flops)
+  if kwargs:
+    assert any(g.split > 1 for g in plan.groups) or mesh_spec == 'expert:8'
+    assert any(g.restore == 'psum' for g in plan.groups) or mesh_spec != 'expert:8'
   hlo = compiled.as_text()
   for device in (0, 5):
     sent = hlo_stats.collective_bytes_by_link(hlo, 4, device)
@@ -221,6 +237,25 @@ def test_link_classes_match_compiled_on_two_nodes(mesh_spec, exchange):
   assert plan.ns_flops_per_device == pytest.approx(hlo_stats.matmul_flops(hlo), rel=0.02)
   # Time: inter-node bytes at 50 GB/s dominate intra-node bytes at 450 GB/s.
   assert plan.exchange_seconds >= plan.inter_bytes_per_device / topology.inter_bandwidth
+
+
+@pytest.mark.parametrize('mesh_spec', ['fsdp:2,expert:4', 'data:2,fsdp:2,expert:2', 'expert:8'])
+def test_auto_trades_step_for_balance(mesh_spec):
+  """'auto_fastest' predicts the fastest step of the layouts 'auto' chooses among, including
+  'all_to_all''s; 'auto' keeps NS within exchange.BALANCE where 'auto_fastest' does not, or
+  else is the same. The choice is pure Python: it needs no devices."""
+  shapes, axes, dims = moe_tree(**SIZES)
+  topology = plan_lib.Topology(devices_per_node=4, peak_flops=1e12)
+  plans = {e: plan_lib.plan(shapes, axes, mesh_lib.parse_mesh_spec(mesh_spec),
+                            weight_dimension_numbers=dims, exchange=e, topology=topology)
+           for e in ('all_to_all', 'auto', 'auto_fastest')}
+  fastest, auto = plans['auto_fastest'], plans['auto']
+  assert fastest.step_seconds <= min(auto.step_seconds, plans['all_to_all'].step_seconds)
+  if fastest.flops_balance > exchange_lib.BALANCE:  # fsdp:2,expert:4: 1.31x; auto: 1.08x.
+    assert auto.flops_balance <= exchange_lib.BALANCE < fastest.flops_balance
+    assert auto.step_seconds > fastest.step_seconds
+  else:  # expert:8: the fastest is balanced already.
+    assert auto == fastest
 
 
 def test_peers_follow_row_major_device_order():
