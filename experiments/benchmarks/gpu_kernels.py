@@ -153,7 +153,7 @@ def _train_step_row(name: str, cfg: ModelConfig, rows_n: int, seq: int, opt: str
     box[0], metrics = box[1](box[0], put, jax.random.key(1))
     return metrics['loss']
   row = _row(name, per_step, run, trainer.put_batch(batch), tokens=rows_n * seq,
-             params=_param_count(cfg), attention=attention.resolve_impl(cfg.attention_impl, False, seq),
+             params=_param_count(cfg), attention=attention.resolve_impl(cfg.attention_impl),
              experts=moe.resolve_impl(cfg.moe_impl))
   if 'seconds' in row:
     row['mfu'] = per_step / row['seconds'] / (flops_lib.peak_flops() or float('nan'))
@@ -179,7 +179,8 @@ def decode_rows(small: bool) -> list[dict]:
   params = jax.jit(lambda: transformer.init(cfg, jax.random.key(0)))()
   toks = jax.random.randint(jax.random.key(1), (b, prompt), 0, cfg.vocab_size)
   gen = jax.jit(lambda p, t: decode.greedy_generate(p, t, jnp.ones_like(t, bool), cfg, new)[0])
-  row = _row('decode/greedy', 0.0, gen, params, toks, rows=b, prompt=prompt, new_tokens=new)
+  row = _row('decode/greedy', 0.0, gen, params, toks, rows=b, prompt=prompt, new_tokens=new,
+             attention=attention.resolve_impl(cfg.attention_impl))
   if 'seconds' in row:
     row['tokens_per_s'] = b * new / row['seconds']
   return [row]

@@ -11,10 +11,9 @@ three paths (`attention_impl`):
               backward pass that recomputes each block, so neither pass holds more than T x block
               scores. Any mask; long contexts on any backend.
   tokamax   - tokamax's flash kernels (Mosaic GPU on Hopper, else Triton, else XLA: those that
-              compile here, research/model/kernels.py) for causal attention within contiguous
-              segments, GQA and MLA (value head != query head). `auto` on GPU; blockwise there
-              when no tokamax kernel compiles. With a KV cache, whose valid slots need not form
-              one range per query, tokamax falls back to blockwise (prefill) or xla (decode).
+              compile here, research/model/kernels.py), GQA and MLA (value head != query head), in
+              training (causal within contiguous segments), prefill and decoding (a cache's valid
+              slots as a B x S mask). `auto` on GPU; blockwise there when no kernel compiles.
 """
 
 import functools
@@ -163,26 +162,25 @@ def attend_blockwise(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, blo
   return jnp.moveaxis(out, 3, 1).reshape(b, t, h, -1), max_logit_H
 
 
-def resolve_impl(impl: str, cached: bool, t: int) -> str:
-  if impl == 'auto' and jax.default_backend() == 'gpu':
-    impl = 'tokamax' if kernels.gpu_kernels('attention') else 'blockwise'
-  elif impl == 'auto':
-    impl = 'xla'
-  if cached and impl == 'tokamax':
-    return 'xla' if t == 1 else 'blockwise'
-  return impl
+def resolve_impl(impl: str) -> str:
+  if impl != 'auto':
+    return impl
+  if jax.default_backend() == 'gpu':
+    return 'tokamax' if kernels.gpu_kernels('attention') else 'blockwise'
+  return 'xla'
 
 
-def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, impl: str, block: int = 512):
-  """Softmax attention by `impl` (resolved: xla, blockwise or tokamax). Returns (out, max logit per head).
+def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, impl: str, block: int = 512,
+           cached: bool = False):
+  """Softmax attention by `impl` (xla, blockwise or tokamax). Returns (out, max logit per head).
 
-  tokamax assumes no cache (keys = queries' positions) and contiguous segments.
+  cached: keys come from a KV cache (research/model/kernels.tokamax_mask says what tokamax assumes).
   """
   if impl == 'xla':
     return attend_dense(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask.dense(), scale)
   if impl == 'blockwise':
     return attend_blockwise(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask, scale, block)
-  out = kernels.flash_attention(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask.q_seg_BxT, scale)
+  out = kernels.flash_attention(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask, scale, cached)
   # QK-clip's statistic: a forward-only blockwise pass, removed by XLA when nothing reads it.
   _, max_logit_H = attend_blockwise(*map(jax.lax.stop_gradient, (q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV)),
                                     mask, scale, block)
@@ -239,7 +237,7 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache
     k = jnp.concatenate([k_nope, kpe], axis=-1)
     scale = cfg.qk_head_dim ** -0.5
   q = constrain(q, ('act_batch', 'act_seq', 'act_heads', None))
-  impl = resolve_impl(cfg.attention_impl, cache is not None, x_BxTxD.shape[1])
-  out, max_logit_H = attend(q, k, v, mask, scale * cfg.attn_scale_mult, impl, cfg.attention_block)
+  out, max_logit_H = attend(q, k, v, mask, scale * cfg.attn_scale_mult, resolve_impl(cfg.attention_impl),
+                            cfg.attention_block, cached=cache is not None)
   out = jnp.einsum('bthv,hvd->btd', out, w('o'))
   return out, cache, max_logit_H

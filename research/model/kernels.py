@@ -99,16 +99,27 @@ def segment_starts(seg_BxT):
   return jax.lax.cummax(jnp.where(new_run, idx, 0), axis=1)
 
 
-def flash_attention(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, seg_BxT, scale: float):
-  """Causal self-attention within contiguous segments through tokamax's flash kernels.
+def tokamax_mask(mask: MaskInfo, cached: bool):
+  """`mask` as tokamax's `Mask`, without a T x S array.
 
-  Each query attends to keys from the start of its segment up to itself (`Mask(k_start,
-  is_causal)`); a padding query (segment 0) attends to itself only, so no row is empty.
+  No cache (keys are the queries' positions): each query sees keys from the start of its segment
+  up to itself (`k_start`, causal; segments must be contiguous runs); a padding query sees itself
+  only, so no row is empty. With a cache (every query in segment 1): the valid slots (a B x S mask
+  broadcast over queries) up to the query's own slot (`k_end`).
+  """
+  if cached:
+    valid = (mask.kv_seg_BxS != 0)[:, None, None, :]
+    return _attention_base.Mask(valid, k_end=(mask.q_slot_T + 1)[None, None, :])
+  t = mask.q_seg_BxT.shape[1]
+  k_start_BxT = jnp.where(mask.q_seg_BxT != 0, segment_starts(mask.q_seg_BxT), jnp.arange(t))
+  return _attention_base.Mask(k_start=k_start_BxT[:, None, :], is_causal=True)
+
+
+def flash_attention(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale: float, cached: bool):
+  """Softmax attention through tokamax's flash kernels, the first of `kernel_order` that applies.
+
   H = K * G query heads share each key head; the value head size may differ from the query's (MLA).
   """
-  t = q_BxTxHxQ.shape[1]
-  k_start_BxT = jnp.where(seg_BxT != 0, segment_starts(seg_BxT), jnp.arange(t))
-  mask = _attention_base.Mask(k_start=k_start_BxT[:, None, :], is_causal=True)
   _flags_ready()
   errors = []
   for name in kernel_order('attention'):
@@ -116,7 +127,7 @@ def flash_attention(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, seg_BxT, scale: float):
     if impl is None:
       continue
     try:
-      return impl(q_BxTxHxQ, k_BxTxKxQ, v_BxTxKxV, mask=mask, logits_scale=scale)
+      return impl(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask=tokamax_mask(mask, cached), logits_scale=scale)
     except NotImplementedError as e:
       errors.append(f'{name}: {e}')
   raise NotImplementedError(f'no tokamax attention implementation applies: {errors}')

@@ -49,23 +49,31 @@ def test_attention_paths_match_dense(cfg, impl):
     np.testing.assert_allclose(g, r, atol=2e-5, rtol=2e-4, err_msg=jax.tree_util.keystr(path))
 
 
-def test_blockwise_prefill_and_decode_match_xla():
-  """With a KV cache (left padding, holes from a stopped row) greedy decoding is token-identical."""
+@pytest.mark.parametrize('impl', ['blockwise', 'tokamax'])
+def test_prefill_and_decode_match_xla(impl):
+  """With a KV cache (left padding in one row) greedy decoding is token-identical to the xla path."""
   cfg = dataclasses.replace(GQA, attention_block=3)
   params = init(cfg, jax.random.key(2))
   tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, cfg.vocab_size)
   mask = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9], bool)
-  out = {impl: decode.greedy_generate(params, tokens, mask, dataclasses.replace(cfg, attention_impl=impl), 8)
-         for impl in ('xla', 'blockwise')}
-  np.testing.assert_array_equal(out['xla'][0], out['blockwise'][0])
-  np.testing.assert_allclose(out['xla'][1], out['blockwise'][1], atol=1e-5, rtol=1e-5)
+  out = {i: decode.greedy_generate(params, tokens, mask, dataclasses.replace(cfg, attention_impl=i), 8)
+         for i in ('xla', impl)}
+  np.testing.assert_array_equal(out['xla'][0], out[impl][0])
+  np.testing.assert_allclose(out['xla'][1], out[impl][1], atol=1e-5, rtol=1e-5)
 
 
-def test_tokamax_with_a_cache_falls_back():
-  assert attention.resolve_impl('tokamax', cached=True, t=1) == 'xla'
-  assert attention.resolve_impl('tokamax', cached=True, t=7) == 'blockwise'
-  assert attention.resolve_impl('tokamax', cached=False, t=7) == 'tokamax'
-  assert attention.resolve_impl('auto', cached=False, t=7) == 'xla'  # On CPU.
+def test_tokamax_cache_mask_has_holes():
+  """A cache's valid slots need not be one range: the mask tokamax gets equals ours, holes included."""
+  kv_seg = jnp.asarray([[0, 1, 1, 0, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0, 1, 0]])
+  mask = kernels.MaskInfo(jnp.ones((2, 3), jnp.int32), kv_seg, 4 + jnp.arange(3), jnp.arange(8))
+  ours = mask.dense()
+  theirs = kernels.tokamax_mask(mask, cached=True).as_array(3, 8)
+  np.testing.assert_array_equal(jnp.broadcast_to(theirs, (2, 1, 3, 8))[:, 0], ours)
+
+
+def test_resolve_auto_on_cpu():
+  assert attention.resolve_impl('auto') == 'xla'
+  assert attention.resolve_impl('tokamax') == 'tokamax'
 
 
 def test_segment_starts():
