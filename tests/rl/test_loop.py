@@ -1,4 +1,5 @@
 """The RL loop end to end (tiny model, few steps), resume, and that each objective term learns."""
+import functools
 import json
 import os
 
@@ -20,6 +21,7 @@ from research.rl.critics import Feedback
 from research.rl.trajectory import Trajectory, to_batch
 from research.tokenizer import chat
 from research.tokenizer.hf import HFTokenizer
+from research.train import step as step_lib
 
 REQUIRED = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss',
             'rollout_tokens_per_s', 'logp_mismatch', 'time_sample', 'time_teacher', 'time_update')
@@ -59,7 +61,7 @@ def test_loop_end_to_end_and_resume(tmp_path):
 
 def _fixture(tmp_path):
   c = _tiny()
-  c.loss.anchor_coef = 0.0
+  c.loss.anchor_coef, c.loss.is_cap = 0.0, 0.0  # The fixture's sampler log-probs are placeholders.
   r = loop.Runner(c, str(tmp_path))
   params = transformer.init(r.cfg, jax.random.key(0))
   prompt, _ = chat.render(r.tok, [{'role': 'user', 'content': 'tools +:plus\n3+4'}], add_generation_prompt=True)
@@ -69,19 +71,22 @@ def _fixture(tmp_path):
 
 
 def _run_updates(c, r, params, t, feedback, adv, n, teacher_params=None):
+  """n train steps (research/train/step.py) on the RL objective for one trajectory."""
   lc = configs.from_dict(loop.LossConfig, c.loss, 'loss')
   tx = optax.adam(1e-2)
-  update = loop.make_update(r.cfg, tx, lc, 1.0)
   frozen = jax.tree.map(jnp.copy, params if teacher_params is None else teacher_params)
-  opt_state = tx.init(params)
-  batch = to_batch([t], 64, r.tok.pad_id)
-  batch['adv'] = np.array([adv], np.float32)
+  state = step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  step = jax.jit(functools.partial(step_lib.train_step, cfg=r.cfg, tx=tx, loss=functools.partial(
+      loop.objective, lc=lc, temperature=1.0)))
+  rows = to_batch([t], 64, r.tok.pad_id)
+  rows.update(adv=np.array([adv], np.float32), valid=np.ones(1, np.float32))
   tg = teacher_lib.build_targets(r.tok, [t], feedback, {0: 0}, 96, 12, 1)
-  t_logp = r.teacher_fn(frozen, tg.t_tokens, tg.t_seg, tg.t_pos)
-  tgt = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_logp': t_logp}
+  t_hidden = teacher_lib.teacher_hidden(frozen, tg.t_tokens, tg.t_seg, tg.t_pos, cfg=r.cfg)
+  batch = {'rows': rows, 'teacher_head': frozen['lm_head']['kernel'], 'targets': {
+      'd_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_hidden': t_hidden}}
   hist = []
   for _ in range(n):
-    params, opt_state, m = update(params, opt_state, batch, tgt, 9.0)
+    state, m = step(state, batch, None)
     hist.append(jax.device_get(m))
   return hist
 
