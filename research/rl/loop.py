@@ -301,6 +301,9 @@ class Runner:
     self.teacher_fn = self.trainer.jit(functools.partial(teacher_lib.teacher_hidden, cfg=self.cfg))
     self.reference_fn = self.trainer.jit(functools.partial(teacher_lib.reference_hidden, cfg=self.cfg))
     self.loss = functools.partial(objective, lc=c.loss, temperature=c.sampler.temperature)
+    rows = self.trainer.batch_sharding  # Rollouts and distillation slots split alike; the head as a param.
+    self.batch_shardings = {'rows': rows, 'targets': rows,
+                            'teacher_head': self.trainer.param_shardings['lm_head']['kernel']}
 
   def _trainer(self, oc: optim.OptimizerConfig, steps: int) -> step_lib.Trainer:
     """The train step's Trainer on the run's mesh (RL batch rows and slots must split over it)."""
@@ -336,9 +339,7 @@ class Runner:
   def fresh_state(self, params) -> RLState:
     """RL's state at step 0 from the warm-start params."""
     train = self.trainer.start(params)
-    rows = self.trainer.batch_sharding
-    self.step = self.trainer.step_fn(self.loss, batch_sharding={
-        'rows': rows, 'targets': rows, 'teacher_head': self.trainer.param_shardings['lm_head']['kernel']})
+    self.step = self.trainer.step_fn(self.loss, self.batch_shardings)
     return RLState(train, teacher_lib.TeacherWeights(self.c.teacher.kind, train.params, self.c.teacher.ema_decay))
 
   def evaluate(self, params, tasks, key, batch: int):
@@ -422,7 +423,9 @@ class Runner:
     bar = tqdm.tqdm(total=r.steps, initial=start, desc='rl', unit='step')
     pool, pending = futures.ThreadPoolExecutor(1, thread_name_prefix='sampler') if r.staleness else None, {}
     for step in range(start + 1, r.steps + 1):
+      t0 = time.perf_counter()
       state, row = self.train_step(step, state, self._ahead(step, state.params, pending, pool))
+      row['time_step'] = time.perf_counter() - t0  # Wall time: sampling ahead overlaps the rest.
       row['rollouts'] = step * self.batch_rows
       if step % c.eval.every == 0 or step == r.steps:
         row.update(self._eval_row(state.params, eval_tasks, before['fired'])[0])

@@ -13,6 +13,7 @@ import transformers
 
 import chatml
 from experiments import toolcalc_rl
+from experiments.benchmarks import rl_scale
 from research import configs
 from research.hf import convert
 from research.model import transformer
@@ -135,3 +136,10 @@ def test_rl_starts_from_a_converted_hf_checkpoint_with_its_tokenizer(tmp_path):
   summary = loop.run(c, str(tmp_path / 'run'))
   rows = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
   assert rows[-1]['step'] == 1 and np.isfinite(rows[-1]['pg_loss']) and summary['rollouts'] == 8
+
+
+def test_rl_on_eight_devices_matches_one(tmp_path):
+  """Rollouts token for token, then the objective and its gradients, on a data x fsdp x expert mesh."""
+  out = rl_scale.sharded(str(tmp_path))
+  assert out['rollouts_identical'] and out['rollout_tokens'] > 8 * 40
+  assert out['sharded_max_abs_diff'] <= 1e-5, out
