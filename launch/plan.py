@@ -2,6 +2,7 @@
 
 python -m launch.plan --config=experiments/kimi_k2.py --mesh=data:8,fsdp:64,expert:32 \
     [--peak_tflops=989] [--devices_per_node=8] [--intra_gbps=450] [--inter_gbps=50] [--json]
+    [--rl_context=65536 --rl_rows=1024]   # also an RL step's memory per device (research/rl/plan.py)
 
 The optimizer plan (research/optim/plan.py) counts Newton-Schulz FLOPs, all-to-all bytes (inside
 a node and across nodes) and optimizer-state bytes per device for the layouts the runtime would
@@ -23,6 +24,8 @@ from research.model import config as model_config
 from research.model import stats, transformer
 from research.optim import plan as optim_plan
 from research.parallel import mesh as mesh_lib
+from research.rl import loop as rl_loop
+from research.rl import plan as rl_plan
 from research.train import optimizer as optim
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
@@ -34,6 +37,8 @@ _INTER = flags.DEFINE_float('inter_gbps', 50.0, 'GB/s one device sends to other 
 _INTRA_US = flags.DEFINE_float('intra_latency_us', 10.0, 'Latency of an intra-node collective.')
 _INTER_US = flags.DEFINE_float('inter_latency_us', 30.0, 'Latency of a cross-node collective.')
 _JSON = flags.DEFINE_bool('json', False, 'Print one JSON object instead of a table.')
+_RL_CONTEXT = flags.DEFINE_integer('rl_context', 0, 'Also plan an RL step at this many tokens per trajectory.')
+_RL_ROWS = flags.DEFINE_integer('rl_rows', 1024, 'Trajectories per RL step (sampled and updated at once).')
 flags.mark_flags_as_required(['config'])
 
 
@@ -59,11 +64,21 @@ def plan(config, mesh_spec: str | None = None, peak_tflops: float = 989.0,
                         'exchange_ratio': opt.exchange_ratio}}
 
 
+def rl_step(config, out: dict, context: int, rows: int) -> dict:
+  """An RL step's memory per device on the plan's mesh (bytes; research/rl/plan.py)."""
+  m = rl_plan.rl_memory(model_config.from_dict(config.model), out['mesh'], rows=rows, context=context,
+                        logit_chunk=rl_loop.LossConfig().logit_chunk,
+                        opt_state_bytes=out['optimizer']['state_bytes_per_device'])
+  return {**dataclasses.asdict(m), 'total': m.total, 'context': context, 'rows': rows}
+
+
 def main(argv):
   del argv
   topology = optim_plan.Topology(_NODE.value, _INTRA.value * 1e9, _INTER.value * 1e9,
                                  _INTRA_US.value * 1e-6, _INTER_US.value * 1e-6)
   out = plan(_CONFIG.value, _MESH.value, _PEAK.value, topology)
+  if _RL_CONTEXT.value:
+    out['rl'] = rl_step(_CONFIG.value, out, _RL_CONTEXT.value, _RL_ROWS.value)
   if _JSON.value:
     print(json.dumps(out))
     return
@@ -81,6 +96,12 @@ def main(argv):
         f'exchange {o["exchange_seconds"]:.3f} s, {o["num_chunks"]} chunks; '
         f'{_PEAK.value:g} TFLOP/s, {_INTRA.value:g} / {_INTER.value:g} GB/s in / across '
         f'nodes of {_NODE.value})')
+  if 'rl' in out:
+    r = out['rl']
+    print(f'RL step / device         {r["rows"]} trajectories x {r["context"]} tokens: params '
+          f'{r["params"] / 2**30:.2f} + optimizer {r["opt_state"] / 2**30:.2f} + KV cache '
+          f'{r["kv_cache"] / 2**30:.2f} + update activations {r["activations"] / 2**30:.2f} '
+          f'(logits {r["logits"] / 2**30:.2f}) = {r["total"] / 2**30:.2f} GiB')
 
 
 if __name__ == '__main__':

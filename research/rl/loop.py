@@ -389,8 +389,9 @@ class Runner:
     before = {'row': row, 'fired': fired,
               'by_rule': {k: float(np.mean([trajs[i].success for i in v])) if v else None
                           for k, v in fired.items()}}
-    with open(path, 'w') as f:
-      json.dump(before, f)
+    if jax.process_index() == 0:
+      with open(path, 'w') as f:
+        json.dump(before, f)
     return before
 
   def _summary(self, params, eval_tasks, before: dict) -> dict:
@@ -403,8 +404,9 @@ class Runner:
                         'after': after.get(f'final/{k}/success')} for k in fired},
         'steps': r.steps, 'rollouts': r.steps * self.batch_rows, 'eval_tasks': len(eval_tasks),
     }
-    with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=1)
+    if jax.process_index() == 0:
+      with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=1)
     return summary
 
   def run(self) -> dict:
@@ -547,7 +549,7 @@ class Runner:
     batch, tg = self.update_batch(ro, state.teacher.params(state.params))
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
-    train, m = self.step(state.train, batch, None)
+    train, m = self.step(state.train, self.trainer.put_global(batch, self.batch_shardings), None)
     state.teacher.update(train.params)
     m = jax.device_get(m)
     kl_N = m.pop('kl_N')[:len(tg.feedback)]

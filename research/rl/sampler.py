@@ -116,13 +116,18 @@ def _shard_cache(cache):
   return {**out, 'end': cache['end']}
 
 
+def _replicated(x):
+  """What the host reads back: whole on every device, so every process of a multi-host run can."""
+  return constrain(x, (None,) * x.ndim)
+
+
 def extend(params, tokens_BxT, mask_BxT, cache, *, cfg: ModelConfig):
   """Prefills a right-padded chunk. Returns (logits at each row's last real token, cache, routes)."""
   logits, aux, cache = forward(params, tokens_BxT, cfg, segment_ids_BxT=mask_BxT.astype(jnp.int32),
                                cache=_shard_cache(cache))
   b, t = tokens_BxT.shape
   last = t - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=1)
-  return logits[jnp.arange(b), last], _shard_cache(cache), _routes(aux, cfg, b, t)
+  return logits[jnp.arange(b), last], _shard_cache(cache), _replicated(_routes(aux, cfg, b, t))
 
 
 def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
@@ -163,7 +168,8 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
               stopped=jnp.zeros((b,), bool), done=done_B | (budget_B <= 0),
               routes=jnp.zeros((n_moe, b, m, cfg.num_experts_per_tok), jnp.int32))
   out = jax.lax.while_loop(lambda c: (c['i'] < m) & ~jnp.all(c['done']), body, init)
-  return {**{k: out[k] for k in ('tokens', 'logp', 'n', 'stopped', 'routes')}, 'cache': _shard_cache(out['cache'])}
+  return {**{k: _replicated(out[k]) for k in ('tokens', 'logp', 'n', 'stopped', 'routes')},
+          'cache': _shard_cache(out['cache'])}
 
 
 @functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.

@@ -105,7 +105,8 @@ def train(params, trainer: step_lib.Trainer, tok: Tokenizer,
   rows = mesh_lib.axis_size(trainer.mesh, sharding.mesh_axes('act_batch', trainer.rules))
   rng, history, pending = np.random.default_rng(seed), [], []
   for i in tqdm.trange(1, steps + 1, desc='warm start', unit='step', leave=False):
-    state, m = fn(state, batch(tok, demos(rng, batch_size), seq_len, row_multiple=math.lcm(4, rows)), None)
+    rows_BxT = batch(tok, demos(rng, batch_size), seq_len, row_multiple=math.lcm(4, rows))
+    state, m = fn(state, trainer.put_global(rows_BxT), None)
     pending.append(m)
     if i % log_every == 0 or i == steps:
       fetched = jax.device_get(pending)

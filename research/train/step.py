@@ -166,8 +166,17 @@ class Trainer:
     return self.jit(
         functools.partial(train_step, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau, loss=loss),
         in_shardings=(self.state_shardings, batch_sharding or self.batch_sharding, None),
-        out_shardings=(self.state_shardings, None),
+        out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),  # Metrics: any host reads them.
         donate_argnums=0)
 
   def put_batch(self, batch: dict) -> dict:
     return jax.device_put(batch, self.batch_sharding)
+
+  def put_global(self, tree, shardings=None):
+    """Host arrays every process holds in full, alike (RL's rollouts), as global arrays laid out by
+    `shardings` (a prefix of the tree; default the batch sharding). Device arrays pass through."""
+    def put(x, sh):
+      return x if isinstance(x, jax.Array) else jax.make_array_from_callback(x.shape, sh, lambda i: x[i])
+    shardings = shardings or self.batch_sharding
+    return jax.tree.map(lambda sh, sub: jax.tree.map(lambda x: put(x, sh), sub), shardings, tree,
+                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
