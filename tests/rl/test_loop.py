@@ -1,4 +1,5 @@
 """The RL loop end to end (tiny model, few steps), resume, and that each objective term learns."""
+from concurrent import futures
 import functools
 import json
 import os
@@ -143,3 +144,22 @@ def test_rl_on_eight_devices_matches_one(tmp_path):
   out = rl_scale.sharded(str(tmp_path))
   assert out['rollouts_identical'] and out['rollout_tokens'] > 8 * 40
   assert out['sharded_max_abs_diff'] <= 1e-5, out
+
+
+def test_one_step_off_samples_with_the_previous_params_and_weights_tokens(tmp_path):
+  """rl.staleness=1: step 2's rollouts come from the params before update 1; the ratio shows it."""
+  c = _tiny(3)
+  c.rl.staleness = 1
+  r = loop.Runner(c, str(tmp_path))
+  state = r.fresh_state(r.trainer.init(jax.random.key(0)).params)
+  before = jax.tree.map(np.array, state.params)
+  pending = {}
+  with futures.ThreadPoolExecutor(1) as pool:
+    state, row1 = r.train_step(1, state, r._ahead(1, state.params, pending, pool))
+    assert set(pending) == {2}  # Started with the params of step 1, before its update.
+    ro2 = r._ahead(2, state.params, pending, pool)
+  assert row1['rows_trained'] > 0
+  assert [t.tokens for t in ro2.trajs] == [t.tokens for t in r.rollouts(2, before).trajs]
+  state, row2 = r.train_step(2, state, ro2)
+  assert abs(row1['is_log_ratio']) < 1e-4 and row1['is_ess'] > 0.999  # On-policy.
+  assert abs(row2['is_log_ratio']) > 10 * abs(row1['is_log_ratio']) and row2['is_ess'] < row1['is_ess']
