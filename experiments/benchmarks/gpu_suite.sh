@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
-# GPU benchmarks in one run (under 8 minutes in all; the Muon part under 4). Results go to $OUT.
-#   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh
-# Needs only jax, optax and numpy on the machine. Each part is bounded by `timeout`, so one
+# GPU benchmarks in one prepared run; results go to $OUT, each part bounded by `timeout`, so one
 # failing part leaves the others' results.
+#   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~12 min)
+#   OUT=... PARTS="moe train attention decode" bash experiments/benchmarks/gpu_suite.sh
+# Parts: moe train attention decode (experiments/benchmarks/gpu_kernels.py: kernels, MFU, decode),
+# muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
+# gpu_aot.py), paths (moe_paths.py's float32 table). Needs jax, optax, numpy and tokamax with its
+# dependencies (carried as wheels on a machine without a registry: docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu_suite}"
 PY="${PYTHON:-python3}"
+PARTS="${PARTS:-moe train attention decode muon aot paths}"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+"$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
+"$PY" -c 'from tokamax._src.ops.ragged_dot import api as r; from tokamax._src.ops.attention import api as a
+print("tokamax ragged_dot:", sorted(r.IMPLEMENTATIONS), "attention:", sorted(a.IMPLEMENTATIONS))
+import tokamax._src.ops.ragged_dot.pallas_mosaic_gpu, tokamax._src.ops.attention.pallas_mosaic_gpu' \
+  || echo "tokamax: a kernel module does not import (above)"
 
-# Muon: NS throughput on a Kimi-like expert stack, optimizer step against optax (one GPU).
-timeout 180 "$PY" -m experiments.benchmarks.muon_gpu --json="$OUT/muon_gpu.json" \
-  || echo "muon_gpu failed: $?"
-# Muon: how the sharded update's collectives are scheduled when compiled for 8 H100s (deviceless
-# compilation through the CUDA plugin's topology; nothing runs, the GPU is not used).
-timeout 120 "$PY" -m experiments.benchmarks.gpu_aot --json="$OUT/gpu_aot.json" \
-  || echo "gpu_aot failed: $?"
-
-# MoE expert paths on the GPU: ragged_dot (grouped GEMM) vs blocked vs dense, compiled FLOPs and tokens/s.
-timeout 150 "$PY" -m experiments.benchmarks.moe_paths --tokens=8192 --d_model=2048 --d_expert=1024 \
-  --top_k=8 --experts=8,32,128 --json="$OUT/moe_paths_gpu.json" || echo "moe_paths failed: $?"
+declare -A LIMIT=([moe]=180 [train]=150 [attention]=100 [decode]=60)
+for part in $PARTS; do
+  case "$part" in
+    moe|train|attention|decode)
+      timeout "${LIMIT[$part]}" "$PY" -m experiments.benchmarks.gpu_kernels --part="$part" \
+        --json="$OUT/gpu_$part.json" || echo "$part failed: $?";;
+    muon)
+      timeout 180 "$PY" -m experiments.benchmarks.muon_gpu --json="$OUT/muon_gpu.json" \
+        || echo "muon_gpu failed: $?";;
+    aot)
+      timeout 120 "$PY" -m experiments.benchmarks.gpu_aot --json="$OUT/gpu_aot.json" \
+        || echo "gpu_aot failed: $?";;
+    paths)
+      timeout 150 "$PY" -m experiments.benchmarks.moe_paths --tokens=8192 --d_model=2048 --d_expert=1024 \
+        --top_k=8 --experts=8,32,128 --json="$OUT/moe_paths_gpu.json" || echo "moe_paths failed: $?";;
+    *) echo "unknown part $part";;
+  esac
+done

@@ -3,13 +3,28 @@
 Both build queries, keys and values per head and share `attend`. With a cache, the new keys are
 written at slot `write_at` and queries attend over all cache slots; MLA caches only the compressed
 latent and the shared rope key (kv_lora_rank + qk_rope_head_dim numbers per token).
+
+The mask travels as a `MaskInfo` (segment ids and slots), never as a T x S array, and `attend` has
+three paths (`attention_impl`):
+  xla       - the T x S scores and mask at once. Exact reference; the CPU default.
+  blockwise - flash-style in plain JAX: a scan over key blocks with an online softmax, and a
+              backward pass that recomputes each block, so neither pass holds more than T x block
+              scores. Any mask; long contexts on any backend.
+  tokamax   - tokamax's flash kernels (Mosaic GPU on Hopper, else Triton, else XLA) for causal
+              attention within contiguous segments, GQA and MLA (value head != query head). With
+              a KV cache, whose valid slots need not form one range per query, `auto` and
+              `tokamax` fall back to blockwise (prefill) or xla (one-token decode).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from research.model.config import ModelConfig
+from research.model import kernels
 from research.model import layers
+from research.model.kernels import MaskInfo
 from research.model.layers import ParamSpec, rms_norm
 from research.parallel.sharding import constrain
 
@@ -55,18 +70,120 @@ def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> dict:
   return {'ckv': (batch, max_len, cfg.kv_lora_rank), 'kpe': (batch, max_len, cfg.qk_rope_head_dim)}
 
 
-def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask_BxTxS, scale):
-  """Softmax attention; H = K * G query heads share each key head. Returns (out, max logit per head)."""
+def _split_heads(q_BxTxHxQ, kh: int):
   b, t, h, dq = q_BxTxHxQ.shape
-  kh = k_BxSxKxQ.shape[2]
-  q_BxTxKxGxQ = q_BxTxHxQ.reshape(b, t, kh, h // kh, dq)
-  logits = jnp.einsum('btkgq,bskq->bkgts', q_BxTxKxGxQ, k_BxSxKxQ,
+  return q_BxTxHxQ.reshape(b, t, kh, h // kh, dq)
+
+
+def attend_dense(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask_BxTxS, scale):
+  """Softmax attention; H = K * G query heads share each key head. Returns (out, max logit per head)."""
+  b, t, h, _ = q_BxTxHxQ.shape
+  logits = jnp.einsum('btkgq,bskq->bkgts', _split_heads(q_BxTxHxQ, k_BxSxKxQ.shape[2]), k_BxSxKxQ,
                       preferred_element_type=jnp.float32) * scale
   mask = mask_BxTxS[:, None, None]
   max_logit_H = jnp.max(jnp.where(mask, logits, NEG_INF), axis=(0, 3, 4)).reshape(h)
   probs = jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1).astype(v_BxSxKxV.dtype)
   out = jnp.einsum('bkgts,bskv->btkgv', probs, v_BxSxKxV)
   return out.reshape(b, t, h, -1), max_logit_H
+
+
+def _key_blocks(k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, block: int):
+  """Keys, values and their mask columns cut into S / block blocks (padded with masked keys)."""
+  s = k_BxSxKxQ.shape[1]
+  pad = -s % block
+  cut = lambda x, axis, fill=0: jnp.moveaxis(
+      jnp.pad(x, [(0, pad) if a == axis else (0, 0) for a in range(x.ndim)], constant_values=fill)
+      .reshape(*x.shape[:axis], (s + pad) // block, block, *x.shape[axis + 1:]), axis, 0)
+  return (cut(k_BxSxKxQ, 1), cut(v_BxSxKxV, 1), cut(mask.kv_seg_BxS, 1),
+          cut(mask.kv_slot_S, 0, jnp.iinfo(mask.kv_slot_S.dtype).max))
+
+
+def _block_scores(q_BxKxGxTxQ, k_BxCxKxQ, kv_seg_BxC, kv_slot_C, mask: MaskInfo, scale):
+  """Masked f32 scores of every query against one key block, and the block's mask."""
+  s = jnp.einsum('bkgtq,bckq->bkgtc', q_BxKxGxTxQ, k_BxCxKxQ, preferred_element_type=jnp.float32)
+  m = MaskInfo(mask.q_seg_BxT, kv_seg_BxC, mask.q_slot_T, kv_slot_C).dense()[:, None, None]
+  return jnp.where(m, s * scale, NEG_INF), m
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _blockwise(q_BxKxGxTxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale: float, block: int):
+  return _blockwise_fwd(q_BxKxGxTxQ, k_BxSxKxQ, v_BxSxKxV, mask, scale, block)[0]
+
+
+def _blockwise_fwd(q, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale: float, block: int):
+  b, kh, g, t, _ = q.shape
+
+  def step(carry, blk):
+    o, m, l = carry
+    s, _ = _block_scores(q, blk[0], blk[2], blk[3], mask, scale)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    corr = jnp.exp(m - m_new)
+    o = o * corr[..., None] + jnp.einsum('bkgtc,bckv->bkgtv', p.astype(blk[1].dtype), blk[1],
+                                         preferred_element_type=jnp.float32)
+    return (o, m_new, l * corr + jnp.sum(p, axis=-1)), None
+
+  init = (jnp.zeros((b, kh, g, t, v_BxSxKxV.shape[-1]), jnp.float32),
+          jnp.full((b, kh, g, t), -jnp.inf, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32))
+  (o, m, l), _ = jax.lax.scan(step, init, _key_blocks(k_BxSxKxQ, v_BxSxKxV, mask, block))
+  out = (o / l[..., None]).astype(q.dtype)
+  return (out, m), (q, k_BxSxKxQ, v_BxSxKxV, mask, out, m + jnp.log(l))
+
+
+def _blockwise_bwd(scale, block, res, cts):
+  q, k, v, mask, out, lse = res
+  d_out = cts[0].astype(jnp.float32)  # The running max is a statistic: no gradient flows back.
+  delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)
+
+  def step(dq, blk):
+    s, m = _block_scores(q, blk[0], blk[2], blk[3], mask, scale)
+    p = jnp.exp(s - lse[..., None])
+    dv = jnp.einsum('bkgtc,bkgtv->bckv', p, d_out)
+    dp = jnp.einsum('bkgtv,bckv->bkgtc', d_out, blk[1].astype(jnp.float32))
+    ds = jnp.where(m, p * (dp - delta[..., None]), 0) * scale
+    dq = dq + jnp.einsum('bkgtc,bckq->bkgtq', ds, blk[0].astype(jnp.float32))
+    return dq, (jnp.einsum('bkgtc,bkgtq->bckq', ds, q.astype(jnp.float32)), dv)
+
+  dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), _key_blocks(k, v, mask, block))
+  s = k.shape[1]
+  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])[:, :s]
+  return (dq.astype(q.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype), None)
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+def attend_blockwise(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, block: int = 512):
+  """`attend_dense` without the T x S arrays: returns (out, max logit per head)."""
+  b, t, h, _ = q_BxTxHxQ.shape
+  q = jnp.moveaxis(_split_heads(q_BxTxHxQ, k_BxSxKxQ.shape[2]), 1, 3)
+  out, m = _blockwise(q, k_BxSxKxQ, v_BxSxKxV, mask, float(scale), min(block, k_BxSxKxQ.shape[1]))
+  max_logit_H = jnp.max(jax.lax.stop_gradient(m), axis=(0, 3)).reshape(h)
+  return jnp.moveaxis(out, 3, 1).reshape(b, t, h, -1), max_logit_H
+
+
+def resolve_impl(impl: str, cached: bool, t: int) -> str:
+  if impl == 'auto':
+    impl = 'tokamax' if jax.default_backend() == 'gpu' else 'xla'
+  if cached and impl == 'tokamax':
+    return 'xla' if t == 1 else 'blockwise'
+  return impl
+
+
+def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, impl: str, block: int = 512):
+  """Softmax attention by `impl` (resolved: xla, blockwise or tokamax). Returns (out, max logit per head).
+
+  tokamax assumes no cache (keys = queries' positions) and contiguous segments.
+  """
+  if impl == 'xla':
+    return attend_dense(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask.dense(), scale)
+  if impl == 'blockwise':
+    return attend_blockwise(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask, scale, block)
+  out = kernels.flash_attention(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask.q_seg_BxT, scale)
+  # QK-clip's statistic: a forward-only blockwise pass, removed by XLA when nothing reads it.
+  _, max_logit_H = attend_blockwise(*map(jax.lax.stop_gradient, (q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV)),
+                                    mask, scale, block)
+  return out, max_logit_H
 
 
 def _write(cache_x, new_x, write_at):
@@ -83,7 +200,7 @@ def _rope(x, pos_BxT, cfg: ModelConfig):
                      cfg.rope_yarn_attention_factor)
 
 
-def attention(p: dict, x_BxTxD, pos_BxT, mask_BxTxS, cfg: ModelConfig, cache=None, write_at=None):
+def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache=None, write_at=None):
   """Returns (out_BxTxD, new_cache or None, max_logit_H)."""
   dt = x_BxTxD.dtype
   w = lambda name: p[name].astype(dt)
@@ -119,6 +236,7 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask_BxTxS, cfg: ModelConfig, cache=Non
     k = jnp.concatenate([k_nope, kpe], axis=-1)
     scale = cfg.qk_head_dim ** -0.5
   q = constrain(q, ('act_batch', 'act_seq', 'act_heads', None))
-  out, max_logit_H = attend(q, k, v, mask_BxTxS, scale * cfg.attn_scale_mult)
+  impl = resolve_impl(cfg.attention_impl, cache is not None, x_BxTxD.shape[1])
+  out, max_logit_H = attend(q, k, v, mask, scale * cfg.attn_scale_mult, impl, cfg.attention_block)
   out = jnp.einsum('bthv,hvd->btd', out, w('o'))
   return out, cache, max_logit_H

@@ -12,7 +12,8 @@ from research import configs
 
 ATTENTION_TYPES = ('gqa', 'mla')
 ROUTER_TYPES = ('softmax', 'sigmoid')
-MOE_IMPLS = ('auto', 'dense', 'ragged', 'blocked')
+MOE_IMPLS = ('auto', 'dense', 'ragged', 'blocked', 'tokamax')
+ATTENTION_IMPLS = ('auto', 'xla', 'blockwise', 'tokamax')
 EP_EXCHANGES = ('auto', 'all_to_all', 'ragged')
 REMAT_POLICIES = ('none', 'full', 'dots')
 
@@ -43,6 +44,8 @@ class ModelConfig:
   rope_yarn_beta_slow: float = 1.0
   rope_yarn_attention_factor: float = 1.0  # Multiplies cos and sin (so the rotated dims of q and k).
   attn_scale_mult: float = 1.0      # Multiplies the head_dim**-0.5 softmax scale (DeepSeek's YaRN mscale**2).
+  attention_impl: str = 'auto'      # auto: tokamax flash kernels on GPU, xla elsewhere (attention.py).
+  attention_block: int = 512        # Keys per block of the blockwise path (memory ~ T x block).
   norm_eps: float = 1e-6
   # Feed-forward. The first `first_k_dense` layers use a dense MLP of width d_ff.
   d_ff: int = 256
@@ -60,7 +63,7 @@ class ModelConfig:
   aux_loss_coef: float = 0.0        # Load-balancing loss (softmax router).
   z_loss_coef: float = 0.0
   bias_update_rate: float = 0.0     # Aux-loss-free balancing (sigmoid router), applied per step.
-  moe_impl: str = 'auto'            # auto: ragged_dot on TPU, blocked grouped matmul elsewhere.
+  moe_impl: str = 'auto'            # auto: tokamax grouped GEMM on GPU, ragged_dot on TPU, blocked on CPU.
   moe_block_size: int = 0           # Rows per block of the blocked path; 0 picks one (<= 25% pad).
   expert_parallel: bool = True      # shard_map + all-to-all over `expert` when that axis is > 1.
   ep_exchange: str = 'auto'         # auto: ragged_all_to_all on GPU/TPU, padded all_to_all on CPU.
@@ -90,10 +93,11 @@ class ModelConfig:
     need(self.attention in ATTENTION_TYPES, 'attention', f'unknown attention type, expected one of {ATTENTION_TYPES}')
     need(self.router in ROUTER_TYPES, 'router', f'unknown router type, expected one of {ROUTER_TYPES}')
     need(self.moe_impl in MOE_IMPLS, 'moe_impl', f'expected one of {MOE_IMPLS}')
+    need(self.attention_impl in ATTENTION_IMPLS, 'attention_impl', f'expected one of {ATTENTION_IMPLS}')
     need(self.ep_exchange in EP_EXCHANGES, 'ep_exchange', f'expected one of {EP_EXCHANGES}')
     need(self.remat in REMAT_POLICIES, 'remat', f'expected one of {REMAT_POLICIES}')
     for f in ('vocab_size', 'd_model', 'num_layers', 'num_heads', 'head_dim', 'd_ff', 'num_experts',
-              'num_experts_per_tok', 'd_expert', 'n_group', 'topk_group'):
+              'num_experts_per_tok', 'd_expert', 'n_group', 'topk_group', 'attention_block'):
       need(getattr(self, f) > 0, f, 'must be positive')
     need(0 <= self.first_k_dense <= self.num_layers, 'first_k_dense', f'must be in [0, num_layers={self.num_layers}]')
     need(self.num_experts_per_tok <= self.num_experts, 'num_experts_per_tok',

@@ -7,7 +7,9 @@ Paths (same math, chosen by `moe_impl`):
             H200 with jax 0.11.2 it ran 2-19x slower than `blocked` (docs/benchmarks.md).
   blocked - sort by expert, pad each expert's group to a multiple of a block size, one batched matmul
             over blocks with each block's expert weights. Compiled FLOPs stay within
-            1 + E * (block - 1) / (N * k) of the ideal; the `auto` choice on CPU and GPU.
+            1 + E * (block - 1) / (N * k) of the ideal; the `auto` choice on CPU.
+  tokamax - sort by expert, tokamax's grouped GEMM (research/model/kernels.py: Mosaic GPU kernels on
+            Hopper, Triton, else XLA's ragged_dot), with its own backward kernels; `auto` on GPU.
 Expert parallelism: `jax.shard_map` over the mesh; token copies travel to the devices that own their
 experts and come back through `jax.lax.ragged_all_to_all` (`ep_exchange='ragged'`, GPU and TPU), or
 through its emulation by a dense all-to-all of padded chunks (`'all_to_all'`, runs everywhere).
@@ -16,6 +18,7 @@ through its emulation by a dense all-to-all of padded chunks (`'all_to_all'`, ru
 import jax
 import jax.numpy as jnp
 
+from research.model import kernels
 from research.model.config import ModelConfig
 from research.model.layers import ParamSpec, swiglu, swiglu_specs
 from research.parallel import sharding
@@ -148,10 +151,17 @@ def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
   return jnp.where(real_M[:, None], yb.at[dest_M].get(mode='fill', fill_value=0), 0)
 
 
+def _ffn_tokamax(p, xs_MxD, group_sizes_E):
+  rd = lambda x, w: kernels.ragged_dot(x, w, group_sizes_E)
+  return rd(jax.nn.silu(rd(xs_MxD, p['wi_gate'])) * rd(xs_MxD, p['wi_up']), p['wo'])
+
+
 def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0):
   """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored)."""
   if impl == 'ragged':
     return _ffn_ragged(p, xs_MxD, group_sizes_E)
+  if impl == 'tokamax':
+    return _ffn_tokamax(p, xs_MxD, group_sizes_E)
   return _ffn_blocked(p, xs_MxD, group_sizes_E,
                       block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block))
 
@@ -172,7 +182,7 @@ def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0
 def resolve_impl(impl: str) -> str:
   if impl != 'auto':
     return impl
-  return 'ragged' if jax.default_backend() == 'tpu' else 'blocked'
+  return {'tpu': 'ragged', 'gpu': 'tokamax'}.get(jax.default_backend(), 'blocked')
 
 
 def _local_experts(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from research.model import attention as attn_lib
 from research.model import moe as moe_lib
 from research.model.config import ModelConfig
+from research.model.kernels import MaskInfo
 from research.model.layers import ParamSpec, is_spec, materialize, rms_norm, stack, swiglu, swiglu_specs
 from research.parallel.sharding import constrain
 
@@ -111,8 +112,7 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   if cache is None:
     seg = jnp.ones((b, t), jnp.int32) if segment_ids_BxT is None else segment_ids_BxT
     pos = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions_BxT is None else positions_BxT
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    mask = causal[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+    mask = MaskInfo(seg, seg, jnp.arange(t), jnp.arange(t))
     valid, write_at = seg != 0, None
   else:
     s = cache['valid'].shape[1]
@@ -121,7 +121,7 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
     kv_valid = jax.lax.dynamic_update_slice_in_dim(cache['valid'], valid, write_at, axis=1)
     slots = write_at + jnp.arange(t)
     pos = cache['pos'][:, None] + jnp.cumsum(valid, axis=1) - 1 if positions_BxT is None else positions_BxT
-    mask = kv_valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slots[None, :, None])
+    mask = MaskInfo(jnp.ones((b, t), jnp.int32), kv_valid.astype(jnp.int32), slots, jnp.arange(s))
   # FSDP: gather the table, then look up (XLA cannot reshard a D-sharded lookup to batch-sharded).
   x = constrain(params['embed']['embedding'].astype(dt), (None, None))[tokens_BxT]
   x = constrain(x, ('act_batch', 'act_seq', 'act_embed'))

@@ -1,0 +1,118 @@
+"""Attention and expert paths against the dense references: blockwise, and tokamax's (its XLA
+implementations on CPU, the same calls that select its GPU kernels on a GPU)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.model import attention, decode, kernels, moe
+from research.model.config import ModelConfig
+from research.model.layers import materialize
+from research.model.transformer import forward, init
+
+GQA = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                  num_experts=4, d_expert=16, attention_block=4)
+MLA = dataclasses.replace(GQA, attention='mla', router='sigmoid', kv_lora_rank=16, qk_nope_head_dim=8,
+                          qk_rope_head_dim=4, v_head_dim=6, rope_interleaved=True, q_lora_rank=12)
+# Two packed segments, then padding; the second row unpacked with a shorter length.
+SEG = np.array([[1] * 7 + [2] * 6 + [0] * 3, [1] * 11 + [0] * 5], np.int32)
+
+
+def _loss(cfg):
+  def loss(params, tokens):
+    logits, _, _ = forward(params, tokens, cfg, segment_ids_BxT=jnp.asarray(SEG))
+    return jnp.sum(jnp.where(SEG[..., None] != 0, jax.nn.log_softmax(logits), 0.0) ** 2) / 100
+  return loss
+
+
+@pytest.mark.parametrize('impl', ['blockwise', 'tokamax'])
+@pytest.mark.parametrize('cfg', [GQA, MLA], ids=['gqa', 'mla'])
+def test_attention_paths_match_dense(cfg, impl):
+  """Logits at real positions, max logits, and every parameter's gradient equal the xla path's."""
+  params = init(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), SEG.shape, 0, cfg.vocab_size)
+  ref_cfg, cfg = (dataclasses.replace(cfg, attention_impl=i) for i in ('xla', impl))
+  (logits, aux, _), (ref, ref_aux, _) = (
+      jax.jit(lambda p, t, c=c: forward(p, t, c, segment_ids_BxT=jnp.asarray(SEG)))(params, tokens)
+      for c in (cfg, ref_cfg))
+  real = SEG != 0
+  np.testing.assert_allclose(np.asarray(logits)[real], np.asarray(ref)[real], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(aux['attn_max_logit'], ref_aux['attn_max_logit'], atol=1e-5, rtol=1e-5)
+  grads, ref_grads = (jax.jit(jax.grad(_loss(c)))(params, tokens) for c in (cfg, ref_cfg))
+  for path, g in jax.tree_util.tree_leaves_with_path(grads):
+    r = ref_grads
+    for key in path:
+      r = r[key.key]
+    np.testing.assert_allclose(g, r, atol=2e-5, rtol=2e-4, err_msg=jax.tree_util.keystr(path))
+
+
+def test_blockwise_prefill_and_decode_match_xla():
+  """With a KV cache (left padding, holes from a stopped row) greedy decoding is token-identical."""
+  cfg = dataclasses.replace(GQA, attention_block=3)
+  params = init(cfg, jax.random.key(2))
+  tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, cfg.vocab_size)
+  mask = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9], bool)
+  out = {impl: decode.greedy_generate(params, tokens, mask, dataclasses.replace(cfg, attention_impl=impl), 8)
+         for impl in ('xla', 'blockwise')}
+  np.testing.assert_array_equal(out['xla'][0], out['blockwise'][0])
+  np.testing.assert_allclose(out['xla'][1], out['blockwise'][1], atol=1e-5, rtol=1e-5)
+
+
+def test_tokamax_with_a_cache_falls_back():
+  assert attention.resolve_impl('tokamax', cached=True, t=1) == 'xla'
+  assert attention.resolve_impl('tokamax', cached=True, t=7) == 'blockwise'
+  assert attention.resolve_impl('tokamax', cached=False, t=7) == 'tokamax'
+  assert attention.resolve_impl('auto', cached=False, t=7) == 'xla'  # On CPU.
+
+
+def test_segment_starts():
+  seg = jnp.asarray([[1, 1, 2, 2, 2, 0, 0], [3, 3, 3, 3, 1, 1, 0]])
+  np.testing.assert_array_equal(kernels.segment_starts(seg), [[0, 0, 2, 2, 2, 5, 5], [0, 0, 0, 0, 4, 4, 6]])
+
+
+def test_blockwise_memory_does_not_hold_scores():
+  """At T = S = 2048 one head's f32 score matrix is 16 MiB; fwd + bwd of the blockwise path needs
+  less temp memory than that in all, the dense path several times it."""
+  b, t, h, d = 1, 2048, 2, 16
+  q, k, v = (jax.ShapeDtypeStruct((b, t, h, d), jnp.float32) for _ in range(3))
+  seg = jnp.ones((b, t), jnp.int32)
+  mask = kernels.MaskInfo(seg, seg, jnp.arange(t), jnp.arange(t))
+
+  def temp_bytes(fn):
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v)[0] ** 2)
+    return jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+
+  scores = t * t * 4
+  dense = temp_bytes(lambda q, k, v: attention.attend_dense(q, k, v, mask.dense(), 0.25))
+  block = temp_bytes(lambda q, k, v: attention.attend_blockwise(q, k, v, mask, 0.25, block=128))
+  assert block < scores < dense / 2, (block, scores, dense)
+
+
+@pytest.mark.parametrize('experts', [4, 16])
+def test_tokamax_experts_match_dense(experts):
+  cfg = ModelConfig(d_model=32, num_experts=experts, num_experts_per_tok=2, d_expert=16)
+  p = materialize(moe.moe_specs(cfg), jax.random.key(0), jnp.float32)
+  p['router'] = jax.random.normal(jax.random.key(1), p['router'].shape)
+  x = jax.random.normal(jax.random.key(2), (2, 24, cfg.d_model))
+  valid = jnp.ones((2, 24), bool)
+
+  def loss(p, x, impl):
+    y, _ = moe.moe(p, x, valid, dataclasses.replace(cfg, moe_impl=impl))
+    return jnp.sum(y ** 2), y
+
+  (_, y), g = jax.value_and_grad(loss, (0, 1), has_aux=True)(p, x, 'tokamax')
+  (_, y_ref), g_ref = jax.value_and_grad(loss, (0, 1), has_aux=True)(p, x, 'dense')
+  np.testing.assert_allclose(y, y_ref, atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_tokamax_ragged_dot_zeroes_rows_past_the_groups():
+  x = jnp.ones((10, 4))
+  w = jnp.ones((2, 4, 3))
+  y = kernels.ragged_dot(x, w, jnp.asarray([3, 4], jnp.int32))
+  np.testing.assert_array_equal(y[:7], 4.0)
+  np.testing.assert_array_equal(y[7:], 0.0)
