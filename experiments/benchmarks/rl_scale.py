@@ -14,6 +14,7 @@ async: `async_speedup`, rollouts per second of toolcalc RL runs with rl.stalenes
   warm start; `final_success` of each over --seeds seeds (mean, std).
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -39,6 +40,8 @@ _PARTS = flags.DEFINE_list('parts', ['sharded', 'memory', 'async'], 'Which parts
 _CONTEXTS = flags.DEFINE_list('contexts', ['1024', '4096', '16384', '65536'], 'Tokens per trajectory (memory).')
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per arm (async).')
 _STEPS = flags.DEFINE_integer('steps', 12, 'RL steps per run (async).')
+_SFT_STEPS = flags.DEFINE_integer('sft_steps', 300, 'Warm-start steps shared by the runs (async).')
+_EVAL_TASKS = flags.DEFINE_integer('eval_tasks', 64, 'Held-out tasks of final_success (async).')
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/rl_scale_bench', 'Scratch workdir.')
 
 
@@ -102,18 +105,23 @@ def update_temp_bytes(cfg, context: int, chunk: int, targets: int = 4, span: int
 
 
 def memory(contexts: list[int], chunk: int) -> dict:
+  """chunked: logit_chunk positions at a time, blockwise attention; current: the whole sequence's
+  logits and XLA's dense attention (the path before issue 14)."""
   cfg = configs.from_dict(loop.RLExperimentConfig, toolcalc_rl.get_config()).model
+  paths = {'chunked': (dataclasses.replace(cfg, attention_impl='blockwise'), chunk),
+           'current': (dataclasses.replace(cfg, attention_impl='xla'), 0)}
   out = {}
   for n in contexts:
-    out[str(n)] = {'chunked': update_temp_bytes(cfg, n, chunk), 'current': update_temp_bytes(cfg, n, 0)}
+    out[str(n)] = {name: update_temp_bytes(c, n, k) for name, (c, k) in paths.items()}
     print(f'context {n}: temp bytes {out[str(n)]}', flush=True)
-  return {'temp_bytes': out, 'logit_chunk': chunk, 'vocab_size': cfg.vocab_size}
+  return {'temp_bytes': out, 'logit_chunk': chunk, 'attention_block': cfg.attention_block,
+          'vocab_size': cfg.vocab_size}
 
 
-def _run(staleness: int, seed: int, workdir: str, warm: str, steps: int) -> dict:
+def _run(staleness: int, seed: int, workdir: str, warm: str, steps: int, eval_tasks: int) -> dict:
   c = toolcalc_rl.get_config()
   c.seed, c.rl.staleness, c.rl.steps, c.init_checkpoint, c.tensorboard = seed, staleness, steps, warm, False
-  c.eval.every, c.eval.num_tasks = 10 ** 6, 64
+  c.eval.every, c.eval.num_tasks = 10 ** 6, eval_tasks
   r = loop.Runner(c, workdir)
   t0 = time.perf_counter()
   summary = r.run()
@@ -124,16 +132,17 @@ def _run(staleness: int, seed: int, workdir: str, warm: str, steps: int) -> dict
           'rollouts_per_s': r.batch_rows * len(steps_s) / sum(steps_s), 'rollouts': summary['rollouts']}
 
 
-def pipeline(workdir: str, seeds: int, steps: int) -> dict:
+def pipeline(workdir: str, seeds: int, steps: int, sft_steps: int, eval_tasks: int) -> dict:
   """Both arms from one warm start (made once): rollouts per second over the RL steps after the
   first (wall time, evaluation excluded), and the final held-out success."""
   warm = os.path.join(workdir, 'warm')
   c = toolcalc_rl.get_config()
-  c.sft.steps, c.tensorboard = 300, False
+  c.sft.steps, c.tensorboard = sft_steps, False
   loop.Runner(c, warm).warm_start(lambda i, row: None)
   arms = {}
   for name, staleness in (('sync', 0), ('async', 1)):
-    arms[name] = [_run(staleness, s, os.path.join(workdir, f'{name}_{s}'), warm, steps) for s in range(seeds)]
+    arms[name] = [_run(staleness, s, os.path.join(workdir, f'{name}_{s}'), warm, steps, eval_tasks)
+                  for s in range(seeds)]
   rate = {k: float(np.mean([a['rollouts_per_s'] for a in v])) for k, v in arms.items()}
   return {'async_speedup': float(rate['async'] / rate['sync']), 'rollouts_per_s': rate,
           'final_success': {k: {'mean': float(np.mean([a['final_success'] for a in v])),
@@ -151,7 +160,8 @@ def main(argv):
   if 'memory' in _PARTS.value:
     out.update(memory([int(n) for n in _CONTEXTS.value], loop.LossConfig().logit_chunk))
   if 'async' in _PARTS.value:
-    out.update(pipeline(os.path.join(_WORKDIR.value, 'async'), _SEEDS.value, _STEPS.value))
+    out.update(pipeline(os.path.join(_WORKDIR.value, 'async'), _SEEDS.value, _STEPS.value, _SFT_STEPS.value,
+                        _EVAL_TASKS.value))
     print({k: out[k] for k in ('async_speedup', 'final_success')}, flush=True)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

@@ -149,7 +149,7 @@ def test_rl_on_eight_devices_matches_one(tmp_path):
 def test_one_step_off_samples_with_the_previous_params_and_weights_tokens(tmp_path):
   """rl.staleness=1: step 2's rollouts come from the params before update 1; the ratio shows it."""
   c = _tiny(3)
-  c.rl.staleness = 1
+  c.rl.staleness, c.optimizer.warmup_steps = 1, 0  # Warmup would make update 1 a no-op (learning rate 0).
   r = loop.Runner(c, str(tmp_path))
   state = r.fresh_state(r.trainer.init(jax.random.key(0)).params)
   before = jax.tree.map(np.array, state.params)
