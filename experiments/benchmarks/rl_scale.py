@@ -42,6 +42,7 @@ _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per arm (async).')
 _STEPS = flags.DEFINE_integer('steps', 12, 'RL steps per run (async).')
 _SFT_STEPS = flags.DEFINE_integer('sft_steps', 300, 'Warm-start steps shared by the runs (async).')
 _EVAL_TASKS = flags.DEFINE_integer('eval_tasks', 64, 'Held-out tasks of final_success (async).')
+_INIT = flags.DEFINE_string('init_checkpoint', '', 'A workdir with warmstart/ (async); empty: warm start here.')
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/rl_scale_bench', 'Scratch workdir.')
 
 
@@ -132,13 +133,14 @@ def _run(staleness: int, seed: int, workdir: str, warm: str, steps: int, eval_ta
           'rollouts_per_s': r.batch_rows * len(steps_s) / sum(steps_s), 'rollouts': summary['rollouts']}
 
 
-def pipeline(workdir: str, seeds: int, steps: int, sft_steps: int, eval_tasks: int) -> dict:
+def pipeline(workdir: str, seeds: int, steps: int, sft_steps: int, eval_tasks: int, init: str) -> dict:
   """Both arms from one warm start (made once): rollouts per second over the RL steps after the
   first (wall time, evaluation excluded), and the final held-out success."""
-  warm = os.path.join(workdir, 'warm')
-  c = toolcalc_rl.get_config()
-  c.sft.steps, c.tensorboard = sft_steps, False
-  loop.Runner(c, warm).warm_start(lambda i, row: None)
+  warm = init or os.path.join(workdir, 'warm')
+  if not init:
+    c = toolcalc_rl.get_config()
+    c.sft.steps, c.tensorboard = sft_steps, False
+    loop.Runner(c, warm).warm_start(lambda i, row: None)
   arms = {}
   for name, staleness in (('sync', 0), ('async', 1)):
     arms[name] = [_run(staleness, s, os.path.join(workdir, f'{name}_{s}'), warm, steps, eval_tasks)
@@ -161,7 +163,7 @@ def main(argv):
     out.update(memory([int(n) for n in _CONTEXTS.value], loop.LossConfig().logit_chunk))
   if 'async' in _PARTS.value:
     out.update(pipeline(os.path.join(_WORKDIR.value, 'async'), _SEEDS.value, _STEPS.value, _SFT_STEPS.value,
-                        _EVAL_TASKS.value))
+                        _EVAL_TASKS.value, _INIT.value))
     print({k: out[k] for k in ('async_speedup', 'final_success')}, flush=True)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
