@@ -94,11 +94,11 @@ def update_temp_bytes(cfg, context: int, chunk: int, targets: int = 4, span: int
   t, i32, f32 = (1, context), jnp.int32, jnp.float32
   rows = {'tokens': sds(t, i32), 'segment_ids': sds(t, i32), 'targets': sds(t, i32), 'mask': sds(t, f32),
           'sampler_logp': sds(t, f32), 'adv': sds((1,), f32), 'valid': sds((1,), f32),
-          'ref_hidden': sds((*t, cfg.d_model), cfg.dtype),
+          'ref_hidden': sds((*t, cfg.d_model), jnp.dtype(cfg.dtype)),
           'routes': sds((*t, cfg.num_moe_layers, cfg.num_experts_per_tok), i32)}
   tgt = {k: sds((targets, span), i32) for k in ('d_pos', 'd_tok')}
   tgt.update(d_row=sds((targets,), i32), d_mask=sds((targets, span), f32),
-             t_hidden=sds((targets, span, cfg.d_model), cfg.dtype))
+             t_hidden=sds((targets, span, cfg.d_model), jnp.dtype(cfg.dtype)))
   batch = {'rows': rows, 'targets': tgt, 'teacher_head': params['lm_head']['kernel']}
   with jax.set_mesh(trainer.mesh):
     compiled = jax.jit(trainer.with_rules(fn)).lower(state, batch, None).compile()

@@ -537,7 +537,7 @@ class Runner:
     if tg.feedback:
       t_hidden = self.teacher_fn(teacher_params, tg.t_tokens, tg.t_seg, tg.t_pos)
     else:
-      t_hidden = np.zeros((*tg.d_tok.shape, self.cfg.d_model), self.cfg.dtype)
+      t_hidden = np.zeros((*tg.d_tok.shape, self.cfg.d_model), jnp.dtype(self.cfg.dtype))
     if self.lc.anchor_coef:
       rows['ref_hidden'] = self.reference_fn(teacher_params, rows['tokens'], rows['segment_ids'])
     targets = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_hidden': t_hidden}
