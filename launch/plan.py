@@ -2,6 +2,7 @@
 
 python -m launch.plan --config=experiments/kimi_k2.py --mesh=data:8,fsdp:64,expert:32 \
     [--peak_tflops=989] [--devices_per_node=8] [--intra_gbps=450] [--inter_gbps=50] [--json]
+    [--rl_context=65536 --rl_rows=1024]   # also an RL step's memory per device (research/rl/plan.py)
 python -m launch.plan --config=experiments/kimi_k2.py --devices=1024 [--hbm_gib=80] [--json]
 
 The optimizer plan (research/optim/plan.py) counts Newton-Schulz FLOPs, all-to-all bytes (inside
@@ -34,6 +35,8 @@ from research.model import stats, transformer
 from research.optim import exchange as exchange_lib
 from research.optim import plan as optim_plan
 from research.parallel import mesh as mesh_lib
+from research.rl import loop as rl_loop
+from research.rl import plan as rl_plan
 from research.train import optimizer as optim
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
@@ -51,6 +54,8 @@ _DEVICES = flags.DEFINE_integer('devices', None, 'Search every mesh of this many
 _HBM = flags.DEFINE_float('hbm_gib', 80.0, 'Memory per device, GiB (H100: 80, H200: 141).')
 _STATIC = flags.DEFINE_float('static_fraction', 0.5, 'Share of --hbm_gib params, gradients and '
                              'optimizer state may take; the rest is left to activations.')
+_RL_CONTEXT = flags.DEFINE_integer('rl_context', 0, 'Also plan an RL step at this many tokens per trajectory.')
+_RL_ROWS = flags.DEFINE_integer('rl_rows', 1024, 'Trajectories per RL step (sampled and updated at once).')
 flags.mark_flags_as_required(['config'])
 
 
@@ -174,6 +179,14 @@ def search(config, devices: int, peak_tflops: float = 989.0,
                          for r in fit[:10]]}
 
 
+def rl_step(config, out: dict, context: int, rows: int) -> dict:
+  """An RL step's memory per device on the plan's mesh (bytes; research/rl/plan.py)."""
+  m = rl_plan.rl_memory(model_config.from_dict(config.model), out['mesh'], rows=rows, context=context,
+                        logit_chunk=rl_loop.LossConfig().logit_chunk,
+                        opt_state_bytes=out['optimizer']['state_bytes_per_device'])
+  return {**dataclasses.asdict(m), 'total': m.total, 'context': context, 'rows': rows}
+
+
 def main(argv):
   del argv
   topology = optim_plan.Topology(_NODE.value, _INTRA.value * 1e9, _INTER.value * 1e9,
@@ -184,6 +197,8 @@ def main(argv):
                  _HBM.value * _STATIC.value * 2**30)
   else:
     out = plan(_CONFIG.value, _MESH.value, _PEAK.value, topology)
+  if _RL_CONTEXT.value:  # On the planned mesh, or the one the search chose.
+    out['rl'] = rl_step(_CONFIG.value, out, _RL_CONTEXT.value, _RL_ROWS.value)
   if _JSON.value:
     print(json.dumps(out))
     return
@@ -203,6 +218,12 @@ def main(argv):
         f'exchange {o["exchange_seconds"]:.3f} s, {o["num_chunks"]} chunks; '
         f'{_PEAK.value:g} TFLOP/s, {_INTRA.value:g} / {_INTER.value:g} GB/s in / across '
         f'nodes of {_NODE.value})')
+  if 'rl' in out:
+    r = out['rl']
+    print(f'RL step / device         {r["rows"]} trajectories x {r["context"]} tokens: params '
+          f'{r["params"] / 2**30:.2f} + optimizer {r["opt_state"] / 2**30:.2f} + KV cache '
+          f'{r["kv_cache"] / 2**30:.2f} + update activations {r["activations"] / 2**30:.2f} '
+          f'(logits {r["logits"] / 2**30:.2f}) = {r["total"] / 2**30:.2f} GiB')
 
 
 if __name__ == '__main__':

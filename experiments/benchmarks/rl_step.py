@@ -84,7 +84,7 @@ def bench_rl_step(steps: int, init: str, workdir: str, sft_steps: int) -> dict:
   keys = ('time_sample', 'time_env', 'time_critic', 'time_teacher', 'time_update')
   rows = []
   for step in range(1, steps + 1):
-    state, row = runner.train_step(step, state)
+    state, row = runner.train_step(step, state, runner.rollouts(step, state.params))
     rows.append(row)
   timed = rows[2:] or rows
   mean = {k: float(np.mean([r[k] for r in timed])) for k in keys}

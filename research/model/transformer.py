@@ -94,8 +94,11 @@ def _run_stack(cfg, is_moe, layers, cache, routes, carry):
 
 
 def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, segment_ids_BxT=None,
-            cache=None, routes=None):
+            cache=None, routes=None, head=True):
   """Logits for tokens_BxT. Returns (logits_BxTxV float32, aux, new_cache).
+
+  head=False returns the final normed hidden states (B x T x D) in place of the logits, for
+  callers that apply `lm_head` a chunk at a time (never B x T x V at once).
 
   Without a cache: causal attention within segments (segment id 0 = padding; default: all 1) at
   `positions_BxT` (default: 0..T-1). With a cache (see research/model/decode.py): the tokens are
@@ -135,9 +138,13 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
     for key, val in stats.items():
       aux[key] = val if key not in aux else jnp.concatenate([aux[key], val])
   x = rms_norm(carry[0], params['final_norm']['scale'], cfg.norm_eps)
-  logits = jnp.einsum('btd,dv->btv', x, params['lm_head']['kernel'].astype(dt),
-                      preferred_element_type=jnp.float32)
-  logits = constrain(logits, ('act_batch', 'act_seq', 'act_vocab'))
+  logits = lm_head(params['lm_head']['kernel'], x, cfg) if head else x
   if cache is not None:
     new_cache.update(valid=kv_valid, end=write_at + t, pos=pos[:, -1] + 1)
   return logits, aux, new_cache
+
+
+def lm_head(kernel_DxV, x_BxTxD, cfg: ModelConfig):
+  """Unembedding: float32 logits B x T x V."""
+  logits = jnp.einsum('btd,dv->btv', x_BxTxD, kernel_DxV.astype(cfg.dtype), preferred_element_type=jnp.float32)
+  return constrain(logits, ('act_batch', 'act_seq', 'act_vocab'))

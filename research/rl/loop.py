@@ -9,9 +9,10 @@ Start: a random init, or a base model (`base.checkpoint`, an orbax checkpoint wr
 folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a workdir whose
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.
-Each step: rollouts (research/rl/sampler.py) -> group-baseline advantages -> critic feedback ->
-teacher log-probs on the hinted contexts -> one optimizer step on
-pg_coef * policy gradient + distill_coef * distillation (research/rl/losses.py).
+Each step: rollouts (research/rl/sampler.py; with rl.staleness > 0 sampled ahead on a thread with
+older params) -> group-baseline advantages -> critic feedback -> teacher hidden states on the
+hinted contexts -> one train step (research/train/step.py, on the Trainer's mesh) on `objective`:
+pg_coef * policy gradient + distill_coef * distillation + anchor (research/rl/losses.py).
 Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets distillation slots), so the update
 and the teacher pass compile once per run; a step where every group tied and no hint fired is skipped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
@@ -19,18 +20,17 @@ Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), ta
 gives the success curves and the per-rule before/after table (tasks where a rule fired at the start).
 """
 
+from concurrent import futures
 import dataclasses
 import functools
 import json
 import os
 from pathlib import Path
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import tqdm
 
 from research import configs
@@ -38,10 +38,9 @@ from research.checkpoint.manager import Checkpointer, abstract
 from research.hf import convert
 from research.metrics.writer import MetricsWriter
 from research.model import config as model_config
-from research.model import moe as moe_lib
 from research.model import transformer
 from research.rl import critics as critics_lib
-from research.rl import env_pyfunc, env_repo, env_toolcalc, losses, repo_oracle, sft, teacher as teacher_lib
+from research.rl import env_pyfunc, env_repo, env_toolcalc, logprobs, losses, repo_oracle, sft, teacher as teacher_lib
 from research.rl.critics import CriticConfig, Feedback
 from research.rl.sampler import RolloutStats, Sampler, SamplerConfig
 from research.rl.sft import SFTConfig
@@ -50,6 +49,9 @@ from research.rl.trajectory import Trajectory, routes_batch, to_batch
 from research.tasks import redteam
 from research.tokenizer.base import ByteTokenizer
 from research.tokenizer.hf import HFTokenizer
+from research.parallel import mesh as mesh_lib
+from research.parallel import sharding
+from research.train import loop as train_loop
 from research.train import optimizer as optim
 from research.train import step as step_lib
 
@@ -90,11 +92,14 @@ class RLConfig:
   tasks_per_step: int = 16          # Distinct tasks per step.
   group_size: int = 4               # Rollouts per task (the group baseline).
   max_targets: int = 32             # Distillation slots per step (more hints: a random subset).
+  staleness: int = 0                # Steps the sampler runs ahead of the update (0: synchronous; 1: one step off).
 
   def validate(self, path: str = 'rl.') -> 'RLConfig':
     for f in ('steps', 'tasks_per_step', 'group_size', 'max_targets'):
       if getattr(self, f) < 1:
         raise configs.invalid(path + f, getattr(self, f), 'must be positive')
+    if self.staleness < 0:
+      raise configs.invalid(path + 'staleness', self.staleness, 'must be >= 0')
     return self
 
 
@@ -113,6 +118,8 @@ class LossConfig:
   until_divergence: bool = True     # Distill a target only up to where it leaves the teacher's argmax.
   pg_on_targets: bool = False       # False: hinted messages get the distillation signal, not the PG.
   anchor_coef: float = 10.0         # KL to the teacher weights (no hint) on all other policy tokens.
+  is_cap: float = 2.0               # Truncated importance sampling: token ratio to the sampler capped here (0: off).
+  logit_chunk: int = 256            # Positions unembedded at a time in the update (0: the whole sequence).
 
   def validate(self, path: str = 'loss.') -> 'LossConfig':
     if self.distill_kind not in losses.DISTILL_KINDS:
@@ -123,6 +130,11 @@ class LossConfig:
       raise ValueError(f'{path}pg_coef and {path}distill_coef are both 0: nothing to train')
     if self.norm_tokens < 1:
       raise configs.invalid(path + 'norm_tokens', self.norm_tokens, 'must be positive')
+    for f in ('is_cap', 'logit_chunk'):
+      if getattr(self, f) < 0:
+        raise configs.invalid(path + f, getattr(self, f), 'must be >= 0')
+    if 0 < self.is_cap < 1:
+      raise configs.invalid(path + 'is_cap', self.is_cap, 'must be 0 (off) or >= 1')
     return self
 
 
@@ -146,6 +158,7 @@ class RLExperimentConfig:
   init_checkpoint: str = ''         # A workdir holding warmstart/; empty: run the warm start here.
   checkpoint_every: int = 50        # RL steps between checkpoints (the run resumes from the last).
   tensorboard: bool = True          # Also write TensorBoard events next to metrics.jsonl.
+  mesh: str = 'data:1'              # Axis sizes (data, fsdp, expert, tensor) of the update, sampler and teacher.
   base: BaseConfig = dataclasses.field(default_factory=BaseConfig)
   model: model_config.ModelConfig = dataclasses.field(default_factory=model_config.ModelConfig)
   env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
@@ -194,61 +207,61 @@ def _tokenizer(c: RLExperimentConfig, env):
   return ByteTokenizer(env.words if c.env.word_tokens else ())
 
 
-def objective(params, batch, tgt, *, cfg, lc, temperature, denom):
-  """pg_coef * policy gradient + distill_coef * distillation + router losses. Returns (loss, aux)."""
-  logits, aux, _ = transformer.forward(params, batch['tokens'], cfg, segment_ids_BxT=batch['segment_ids'],
-                                       routes=batch.get('routes'))
-  logp_all = losses.tempered_log_softmax(logits, temperature)
-  logp = jnp.take_along_axis(logp_all, batch['targets'][..., None], -1)[..., 0]
-  mask = batch['mask']
+def objective(params, batch, cfg, *, lc: LossConfig, temperature: float):
+  """pg_coef * policy gradient + distill_coef * distillation + anchor_coef * anchor KL (the train
+  step adds the router losses). Log-probs, KLs and entropies a chunk of positions at a time.
+
+  batch: rows (B-leading: tokens, segment_ids, targets, mask, sampler_logp, adv, valid, and routes
+  B x T x L x k for router replay, ref_hidden B x T x D for the anchor), targets (N-leading: d_row,
+  d_pos, d_tok, d_mask, t_hidden N x S x D) and teacher_head (D x V). Returns (loss, aux).
+  """
+  rows, tgt, chunk = batch['rows'], batch['targets'], lc.logit_chunk
+  routes = rows['routes'] if 'routes' in rows else None
+  if routes is not None:  # B x T x L x k -> L x B*T x k, the forward's layout.
+    routes = jnp.moveaxis(routes, 2, 0).reshape(routes.shape[2], -1, routes.shape[3])
+  h, aux, _ = transformer.forward(params, rows['tokens'], cfg, segment_ids_BxT=rows['segment_ids'],
+                                  routes=routes, head=False)
+  head, t_head = params['lm_head']['kernel'], batch['teacher_head']
+  anchor = lc.anchor_coef > 0
+  terms = logprobs.policy_terms(h, rows['targets'], head, cfg=cfg, temperature=temperature, chunk=chunk,
+                                ref_h_BxTxD=rows['ref_hidden'] if anchor else None, ref_head_DxV=t_head)
+  mask = rows['mask']
   on_target = jnp.zeros_like(mask).at[tgt['d_row'][:, None], tgt['d_pos']].max(tgt['d_mask'])
-  if not lc.pg_on_targets:  # On a hinted message the teacher's per-token signal replaces the advantage.
-    mask = mask * (1 - on_target)
-  pg, clip_frac = losses.pg_loss(logp, batch['sampler_logp'], batch['adv'], mask, denom, clip_eps=lc.clip_eps)
-  s_logp = logp_all[tgt['d_row'][:, None], tgt['d_pos']]
-  dl, kl_N, gated = losses.distill_loss(s_logp, tgt['t_logp'], tgt['d_tok'], tgt['d_mask'],
-                                        kind=lc.distill_kind, top_k=lc.distill_top_k, gate=lc.gate,
-                                        margin=lc.gate_margin, until_divergence=lc.until_divergence)
+  denom = jnp.maximum(jnp.sum(rows['valid']), 1.0) * lc.norm_tokens
+  # On a hinted message the teacher's per-token signal replaces the advantage (unless pg_on_targets).
+  pg, pg_stats = losses.pg_loss(terms['logp'], rows['sampler_logp'], rows['adv'],
+                                mask if lc.pg_on_targets else mask * (1 - on_target), denom,
+                                clip_eps=lc.clip_eps, is_cap=lc.is_cap)
+  stats = logprobs.distill_terms(h[tgt['d_row'][:, None], tgt['d_pos']], tgt['t_hidden'], tgt['d_tok'], head,
+                                 t_head, cfg=cfg, temperature=temperature, chunk=chunk,
+                                 kind=lc.distill_kind, top_k=lc.distill_top_k)
+  dl, kl_N, gated = losses.distill_loss(stats, tgt['d_tok'], tgt['d_mask'], gate=lc.gate, margin=lc.gate_margin,
+                                        until_divergence=lc.until_divergence)
   loss = lc.pg_coef * pg + lc.distill_coef * dl
-  anchor = jnp.zeros(())
-  if lc.anchor_coef:  # Reverse KL to the teacher weights without a hint on every other policy token.
-    keep = batch['mask'] * (1 - on_target)
-    kl = jnp.sum(jnp.exp(logp_all) * (logp_all - tgt['ref_logp']), -1)
-    anchor = jnp.sum(kl * keep) / jnp.maximum(jnp.sum(keep), 1.0)
-    loss += lc.anchor_coef * anchor
-  if 'load' in aux:
-    loss += cfg.aux_loss_coef * jnp.sum(aux['aux_loss']) + cfg.z_loss_coef * jnp.sum(aux['z_loss'])
-  n = jnp.maximum(jnp.sum(batch['mask']), 1.0)
-  diff = (batch['sampler_logp'] - jax.lax.stop_gradient(logp)) * batch['mask']
-  return loss, {'pg_loss': pg, 'distill_loss': dl, 'anchor_kl': anchor, 'kl_N': kl_N, 'gated_frac': gated, 'clip_frac': clip_frac,
-                'logp_mismatch': jnp.sum(jnp.abs(diff)) / n, 'logp_mismatch_mean': jnp.sum(diff) / n,
-                'load': aux.get('load')}
-
-
-def make_update(cfg, tx, lc, temperature):
-  def update(params, opt_state, batch, tgt, denom):
-    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(
-        params, batch, tgt, cfg=cfg, lc=lc, temperature=temperature, denom=denom)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    load = aux.pop('load')
-    if load is not None and cfg.router == 'sigmoid' and cfg.bias_update_rate:
-      moe_p = params['moe_layers']['moe']
-      params['moe_layers']['moe'] = {**moe_p, 'router_bias': jax.vmap(moe_lib.update_router_bias, (0, 0, None))(
-          moe_p['router_bias'], load, cfg.bias_update_rate)}
-    return params, opt_state, {**aux, 'loss': loss, 'grad_norm': optax.tree.norm(grads)}
-  return jax.jit(update, donate_argnums=(0, 1))
+  anchor_kl = jnp.zeros(())
+  if anchor:  # Reverse KL to the teacher weights without a hint on every other policy token.
+    keep = mask * (1 - on_target)
+    anchor_kl = jnp.sum(terms['kl'] * keep) / jnp.maximum(jnp.sum(keep), 1.0)
+    loss += lc.anchor_coef * anchor_kl
+  n = jnp.maximum(jnp.sum(mask), 1.0)
+  diff = (rows['sampler_logp'] - jax.lax.stop_gradient(terms['logp'])) * mask
+  return loss, {**aux, **pg_stats, 'pg_loss': pg, 'distill_loss': dl, 'anchor_kl': anchor_kl, 'kl_N': kl_N,
+                'gated_frac': gated, 'entropy': jnp.sum(terms['entropy'] * mask) / n,
+                'logp_mismatch': jnp.sum(jnp.abs(diff)) / n, 'logp_mismatch_mean': jnp.sum(diff) / n}
 
 
 @dataclasses.dataclass
 class RLState:
-  """What an RL step changes: the policy, its optimizer state and the teacher's weights."""
-  params: Any
-  opt_state: Any
+  """What an RL step changes: the policy and its optimizer state (the train step's), the teacher."""
+  train: step_lib.TrainState
   teacher: teacher_lib.TeacherWeights
 
+  @property
+  def params(self):
+    return self.train.params
+
   def checkpoint_tree(self) -> dict:
-    return {'params': self.params, 'opt_state': self.opt_state, 'teacher': self.teacher.params(self.params)}
+    return {'params': self.params, 'opt_state': self.train.opt_state, 'teacher': self.teacher.params(self.params)}
 
 
 @dataclasses.dataclass
@@ -282,19 +295,34 @@ class Runner:
       raise ValueError(f'model.vocab_size={self.cfg.vocab_size} is smaller than the tokenizer\'s '
                        f'{self.tok.vocab_size}')
     self.scfg, self.lc = c.sampler, c.loss
-    self.sampler = Sampler(self.cfg, self.tok, c.sampler)
     self.batch_rows = c.rl.tasks_per_step * c.rl.group_size
+    self.trainer = self._trainer(c.optimizer, c.rl.steps)
+    self.sampler = Sampler(self.cfg, self.tok, c.sampler, jit=self.trainer.jit)
     self.critic = critics_lib.Critic(list(c.critic.rules))
-    self.teacher_fn = functools.partial(teacher_lib.teacher_logp, cfg=self.cfg, temperature=c.sampler.temperature)
-    self.tx = step_lib.freeze_untrainable(optim.make_optimizer(c.optimizer, c.rl.steps, model_cfg=self.cfg))
-    self.update = make_update(self.cfg, self.tx, c.loss, c.sampler.temperature)
+    self.teacher_fn = self.trainer.jit(functools.partial(teacher_lib.teacher_hidden, cfg=self.cfg))
+    self.reference_fn = self.trainer.jit(functools.partial(teacher_lib.reference_hidden, cfg=self.cfg))
+    self.loss = functools.partial(objective, lc=c.loss, temperature=c.sampler.temperature)
+    rows = self.trainer.batch_sharding  # Rollouts and distillation slots split alike; the head as a param.
+    self.batch_shardings = {'rows': rows, 'targets': rows,
+                            'teacher_head': self.trainer.param_shardings['lm_head']['kernel']}
+
+  def _trainer(self, oc: optim.OptimizerConfig, steps: int) -> step_lib.Trainer:
+    """The train step's Trainer on the run's mesh (RL batch rows and slots must split over it)."""
+    shape = mesh_lib.parse_mesh_spec(self.c.mesh)
+    ways = mesh_lib.axis_size(shape, sharding.mesh_axes('act_batch'))
+    for f, n in (('rl.tasks_per_step * rl.group_size', self.batch_rows), ('rl.max_targets', self.c.rl.max_targets)):
+      if n % ways:
+        raise ValueError(f'{f}={n} is not divisible by the {ways} devices that split rows on mesh={self.c.mesh!r}')
+    train_loop.check_divisible(self.cfg, shape, ways)
+    mesh = mesh_lib.make_mesh(shape)
+    return step_lib.Trainer(self.cfg, optim.make_optimizer(oc, steps, self.cfg, mesh), mesh)
 
   # -------------------------------------------------------------------------------------------
   def warm_start(self, log) -> dict:
     """Params after the supervised stage (run once; reused from init_checkpoint or this workdir)."""
     c = self.c
-    params = (convert.load_params(c.base.checkpoint, self.cfg)[0] if c.base.checkpoint
-              else transformer.init(self.cfg, jax.random.key(c.seed)))
+    params = (jax.device_put(convert.load_params(c.base.checkpoint, self.cfg)[0], self.trainer.param_shardings)
+              if c.base.checkpoint else self.trainer.init(jax.random.key(c.seed)).params)
     src = c.init_checkpoint or self.workdir
     ckpt = Checkpointer(os.path.join(src, 'warmstart'), save_every=1, keep=1, async_save=False)
     restored = ckpt.restore(abstract({'params': params}))
@@ -303,8 +331,7 @@ class Runner:
       return restored.state['params']
     if c.init_checkpoint:
       raise FileNotFoundError(f'init_checkpoint={c.init_checkpoint!r} has no warmstart/ checkpoint')
-    tx = optim.make_optimizer(c.sft.optimizer, c.sft.steps, model_cfg=self.cfg)
-    params, _ = sft.train(params, self.cfg, self.tok, tx, _demos(c, self.env), steps=c.sft.steps,
+    params, _ = sft.train(params, self._trainer(c.sft.optimizer, c.sft.steps), self.tok, _demos(c, self.env), steps=c.sft.steps,
                           batch_size=c.sft.batch_size, seq_len=c.sampler.max_len, seed=c.seed, log=log)
     ckpt.save(0, {'params': params}, force=True)
     ckpt.close()
@@ -312,8 +339,9 @@ class Runner:
 
   def fresh_state(self, params) -> RLState:
     """RL's state at step 0 from the warm-start params."""
-    return RLState(params, self.tx.init(params),
-                   teacher_lib.TeacherWeights(self.c.teacher.kind, params, self.c.teacher.ema_decay))
+    train = self.trainer.start(params)
+    self.step = self.trainer.step_fn(self.loss, self.batch_shardings)
+    return RLState(train, teacher_lib.TeacherWeights(self.c.teacher.kind, train.params, self.c.teacher.ema_decay))
 
   def evaluate(self, params, tasks, key, batch: int):
     """One sampled rollout per task, in chunks of `batch` rows (the training shape)."""
@@ -346,7 +374,7 @@ class Runner:
       return state, 0
     saved = restored.state
     state.teacher.fixed = None if state.teacher.kind == 'live' else saved['teacher']
-    return RLState(saved['params'], saved['opt_state'], state.teacher), restored.step
+    return RLState(step_lib.TrainState(state.train.step, saved['params'], saved['opt_state']), state.teacher), restored.step
 
   def _before(self, params, eval_tasks) -> dict:
     """The evaluation before RL and, per rule, the eval tasks it fired on (once per workdir)."""
@@ -362,8 +390,9 @@ class Runner:
     before = {'row': row, 'fired': fired,
               'by_rule': {k: float(np.mean([trajs[i].success for i in v])) if v else None
                           for k, v in fired.items()}}
-    with open(path, 'w') as f:
-      json.dump(before, f)
+    if jax.process_index() == 0:
+      with open(path, 'w') as f:
+        json.dump(before, f)
     return before
 
   def _summary(self, params, eval_tasks, before: dict) -> dict:
@@ -376,8 +405,9 @@ class Runner:
                         'after': after.get(f'final/{k}/success')} for k in fired},
         'steps': r.steps, 'rollouts': r.steps * self.batch_rows, 'eval_tasks': len(eval_tasks),
     }
-    with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=1)
+    if jax.process_index() == 0:
+      with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=1)
     return summary
 
   def run(self) -> dict:
@@ -394,8 +424,11 @@ class Runner:
     if start == 0:
       writer.write(0, {**before['row'], 'rollouts': 0})
     bar = tqdm.tqdm(total=r.steps, initial=start, desc='rl', unit='step')
+    pool, pending = futures.ThreadPoolExecutor(1, thread_name_prefix='sampler') if r.staleness else None, {}
     for step in range(start + 1, r.steps + 1):
-      state, row = self.train_step(step, state)
+      t0 = time.perf_counter()
+      state, row = self.train_step(step, state, self._ahead(step, state.params, pending, pool))
+      row['time_step'] = time.perf_counter() - t0  # Wall time: sampling ahead overlaps the rest.
       row['rollouts'] = step * self.batch_rows
       if step % c.eval.every == 0 or step == r.steps:
         row.update(self._eval_row(state.params, eval_tasks, before['fired'])[0])
@@ -405,15 +438,30 @@ class Runner:
                       kl=f'{row["distill_kl"]:.3f}', eval=f'{row.get("eval_success", float("nan")):.2f}')
       ckpt.save(step, state.checkpoint_tree(), force=step == r.steps)
     bar.close()
+    if pool:
+      pool.shutdown()
     ckpt.close()
     writer.close()
     self.params = state.params
     return self._summary(state.params, eval_tasks, before)
 
   # -------------------------------------------------------------------------------------------
-  def train_step(self, step: int, state: RLState) -> tuple[RLState, dict[str, float]]:
-    """Rollouts, rewards and feedback, then (unless nothing carries a gradient) one update."""
-    ro = self._rollouts(step, state.params)
+  def _ahead(self, step: int, params, pending: dict, pool: futures.Executor | None) -> Rollouts:
+    """The rollouts of `step`. With rl.staleness = s > 0 the sampler runs ahead on a thread: the
+    rollouts of steps step..step+s not yet started start now with the current params, so sampling
+    overlaps the updates and a step trains on rollouts of params up to s updates old (the update's
+    truncated importance weights correct for it; the recorded routes are replayed as sampled)."""
+    if pool is None:
+      return self.rollouts(step, params)
+    snapshot = None
+    for k in range(step, min(step + self.c.rl.staleness, self.c.rl.steps) + 1):
+      if k not in pending:
+        snapshot = snapshot or jax.tree.map(jnp.copy, params)  # The update donates the live params.
+        pending[k] = pool.submit(self.rollouts, k, snapshot)
+    return pending.pop(step).result()
+
+  def train_step(self, step: int, state: RLState, ro: Rollouts) -> tuple[RLState, dict[str, float]]:
+    """Rewards and feedback of the step's rollouts, then (unless nothing carries a gradient) one update."""
     row = self._rollout_row(ro)
     if not ro.active.any():  # Every group tied and no feedback: no gradient this step.
       row.update(time_teacher=0.0, time_update=0.0)
@@ -421,7 +469,7 @@ class Runner:
     state, update_row = self._update(ro, state)
     return state, {**row, **update_row}
 
-  def _rollouts(self, step: int, params) -> Rollouts:
+  def rollouts(self, step: int, params) -> Rollouts:
     c, r, lc = self.c, self.c.rl, self.c.loss
     rng = np.random.default_rng([c.seed, 2, step])
     tasks = [self.env.sample_task(rng) for _ in range(r.tasks_per_step)]
@@ -469,46 +517,51 @@ class Runner:
     return row
 
   def _batch(self, ro: Rollouts) -> dict[str, np.ndarray]:
-    """Fixed shapes (all rollouts x max_len): one compiled update for the run."""
+    """The rows of the update, fixed shapes (all rollouts x max_len): one compiled update for the run."""
     seq = self.c.sampler.max_len
-    batch = to_batch(ro.trajs, seq, self.tok.pad_id)
-    batch['mask'] *= ro.valid[:, None]
-    batch['adv'] = np.where(ro.valid, ro.adv, 0.0).astype(np.float32)
+    rows = to_batch(ro.trajs, seq, self.tok.pad_id)
+    rows['mask'] *= ro.valid[:, None]
+    rows['adv'] = np.where(ro.valid, ro.adv, 0.0).astype(np.float32)
+    rows['valid'] = ro.valid.astype(np.float32)
     if self.c.sampler.record_routes and self.cfg.num_moe_layers:  # Router replay.
-      batch['routes'] = routes_batch(ro.trajs, seq, len(ro.trajs), self.cfg.num_moe_layers,
-                                     self.cfg.num_experts_per_tok)
-    return batch
+      rows['routes'] = routes_batch(ro.trajs, seq, len(ro.trajs), self.cfg.num_moe_layers,
+                                    self.cfg.num_experts_per_tok)
+    return rows
 
-  def _update(self, ro: Rollouts, state: RLState) -> tuple[RLState, dict[str, float]]:
-    """The teacher pass on the hinted contexts, then one optimizer step; its part of the log row."""
-    c, lc = self.c, self.c.loss
-    batch = self._batch(ro)
+  def update_batch(self, ro: Rollouts, teacher_params) -> tuple[dict, teacher_lib.Targets]:
+    """The train step's batch: rows, distillation targets with the teacher's hidden states (and the
+    anchor's), the teacher's head. Returns (batch, targets)."""
+    c = self.c
+    rows = self._batch(ro)
     tg = teacher_lib.build_targets(self.tok, ro.trajs, ro.targets, {i: i for i in range(len(ro.trajs))},
                                    c.sampler.max_len, c.sampler.max_turn_tokens, c.rl.max_targets)
-    t0 = time.perf_counter()
-    teacher_params = state.teacher.params(state.params)
     if tg.feedback:
-      t_logp = self.teacher_fn(teacher_params, tg.t_tokens, tg.t_seg, tg.t_pos)
-      t_logp.block_until_ready()
+      t_hidden = self.teacher_fn(teacher_params, tg.t_tokens, tg.t_seg, tg.t_pos)
     else:
-      t_logp = jnp.zeros((*tg.d_tok.shape, self.cfg.vocab_size), jnp.float32)
+      t_hidden = np.zeros((*tg.d_tok.shape, self.cfg.d_model), jnp.dtype(self.cfg.dtype))
+    if self.lc.anchor_coef:
+      rows['ref_hidden'] = self.reference_fn(teacher_params, rows['tokens'], rows['segment_ids'])
+    targets = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_hidden': t_hidden}
+    return {'rows': rows, 'targets': targets, 'teacher_head': teacher_params['lm_head']['kernel']}, tg
+
+  def _update(self, ro: Rollouts, state: RLState) -> tuple[RLState, dict[str, float]]:
+    """The teacher pass on the hinted contexts, then one train step; its part of the log row."""
+    t0 = time.perf_counter()
+    batch, tg = self.update_batch(ro, state.teacher.params(state.params))
+    jax.block_until_ready(batch)
     t1 = time.perf_counter()
-    tgt = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_logp': t_logp}
-    if lc.anchor_coef:
-      tgt['ref_logp'] = teacher_lib.reference_logp(teacher_params, batch['tokens'], batch['segment_ids'],
-                                                   cfg=self.cfg, temperature=c.sampler.temperature)
-    denom = float(max(ro.valid.sum(), 1) * lc.norm_tokens)
-    params, opt_state, m = self.update(state.params, state.opt_state, batch, tgt, denom)
-    state.teacher.update(params)
+    train, m = self.step(state.train, self.trainer.put_global(batch, self.batch_shardings), None)
+    state.teacher.update(train.params)
     m = jax.device_get(m)
     kl_N = m.pop('kl_N')[:len(tg.feedback)]
     row = {k: float(v) for k, v in m.items()}
-    row.update(time_teacher=t1 - t0, time_update=time.perf_counter() - t1, hint_overflow=tg.overflow, distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0)
+    row.update(time_teacher=t1 - t0, time_update=time.perf_counter() - t1, hint_overflow=tg.overflow,
+               distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0)
     for name in self.critic.names:
       ks = [k for k, (_, fb) in zip(kl_N, tg.feedback) if fb.rule == name]
       if ks:
         row[f'rule/{name}/kl'] = float(np.mean(ks))
-    return RLState(params, opt_state, state.teacher), row
+    return RLState(train, state.teacher), row
 
 
 def run(config: RLExperimentConfig, workdir: str) -> dict:

@@ -46,17 +46,31 @@ def group_advantages(rewards_B, groups_B, valid_B, *, std_norm: bool = False, ep
   return adv.astype(np.float32)
 
 
-def pg_loss(logp_BxT, sampler_logp_BxT, adv_B, mask_BxT, denom, *, clip_eps: float = 0.0):
-  """Sum over policy tokens of the per-token surrogate, divided by `denom`. Returns (loss, clip_frac)."""
+def pg_loss(logp_BxT, sampler_logp_BxT, adv_B, mask_BxT, denom, *, clip_eps: float = 0.0, is_cap: float = 0.0):
+  """Sum over policy tokens of the per-token surrogate, divided by `denom`. Returns (loss, stats).
+
+  With clip_eps: PPO's clipped surrogate. Else with is_cap: truncated importance sampling, each
+  token's -A * log p weighted by min(p / p_sampler, is_cap) (no gradient through the weight), which
+  corrects a sampler that is behind the trainer (an asynchronous pipeline) or truncates (top-k/p).
+  stats: clip_frac, is_log_ratio (mean log p - log p_sampler), is_ess (effective sample size of the
+  weights over the tokens, 1 = all equal) and is_capped (fraction of tokens whose ratio was capped).
+  """
   a = adv_B[:, None]
+  log_ratio = jax.lax.stop_gradient(logp_BxT) - sampler_logp_BxT
+  w = jnp.exp(log_ratio)
+  n = jnp.maximum(jnp.sum(mask_BxT), 1)
   if clip_eps:
     ratio = jnp.exp(logp_BxT - sampler_logp_BxT)
     tok = -jnp.minimum(ratio * a, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * a)
-    clipped = (jnp.abs(ratio - 1) > clip_eps) & (mask_BxT > 0)
-    frac = jnp.sum(clipped) / jnp.maximum(jnp.sum(mask_BxT), 1)
+    frac = jnp.sum((jnp.abs(ratio - 1) > clip_eps) * mask_BxT) / n
   else:
-    tok, frac = -a * logp_BxT, jnp.zeros(())
-  return jnp.sum(tok * mask_BxT) / denom, frac
+    if is_cap:
+      w = jnp.minimum(w, is_cap)
+    tok, frac = -a * logp_BxT * (w if is_cap else 1.0), jnp.zeros(())
+  ess = jnp.sum(w * mask_BxT) ** 2 / jnp.maximum(n * jnp.sum(w * w * mask_BxT), 1e-30)
+  stats = {'clip_frac': frac, 'is_log_ratio': jnp.sum(log_ratio * mask_BxT) / n, 'is_ess': ess,
+           'is_capped': jnp.sum((log_ratio > jnp.log(is_cap or jnp.inf)) * mask_BxT) / n}
+  return jnp.sum(tok * mask_BxT) / denom, stats
 
 
 def _kl(p_logp, q_logp):
@@ -87,29 +101,42 @@ def distill_per_position(s_logp, t_logp, tokens, *, kind: str, top_k: int = 0):
   raise ValueError(f'loss.distill_kind={kind!r}: expected one of {DISTILL_KINDS}')
 
 
-def gate_mask(s_logp, t_logp, mask_NxS, *, gate: str, margin: float = 0.0):
+def position_stats(s_logp, t_logp, tokens, *, kind: str, top_k: int = 0) -> dict:
+  """What distillation needs of each position's two distributions (N x S x V -> N x S each).
+
+  per: the loss whose gradient is the divergence's; rkl: reverse KL (logged); t_top / t_max: the
+  teacher's argmax and its log-prob; s_max: the student's top log-prob (no gradient). The update
+  computes these a chunk of positions at a time (research/rl/logprobs.py), never all N x S x V.
+  """
+  t_logp = jax.lax.stop_gradient(t_logp)
+  return {'per': distill_per_position(s_logp, t_logp, tokens, kind=kind, top_k=top_k),
+          'rkl': jax.lax.stop_gradient(_kl(s_logp, t_logp)), 't_top': jnp.argmax(t_logp, -1),
+          't_max': jnp.max(t_logp, -1), 's_max': jax.lax.stop_gradient(jnp.max(s_logp, -1))}
+
+
+def gate_mask(stats: dict, mask_NxS, *, gate: str, margin: float = 0.0):
   if gate == 'none':
     return mask_NxS
   if gate == 'confident':
-    conf = jnp.max(t_logp, -1) - jax.lax.stop_gradient(jnp.max(s_logp, -1)) > margin
-    return mask_NxS * conf
+    return mask_NxS * (stats['t_max'] - stats['s_max'] > margin)
   raise ValueError(f'loss.gate={gate!r}: expected one of {GATES}')
 
 
-def divergence_mask(t_logp, tokens, mask_NxS):
+def divergence_mask(t_top_NxS, tokens, mask_NxS):
   """Positions up to and including the first where tokens differ from the teacher's argmax."""
-  differ = (jnp.argmax(t_logp, -1) != tokens) & (mask_NxS > 0)
+  differ = (t_top_NxS != tokens) & (mask_NxS > 0)
   before = jnp.cumsum(differ, -1) - differ
   return mask_NxS * (before == 0)
 
 
-def distill_loss(s_logp, t_logp, tokens, mask_NxS, *, kind: str, top_k: int = 0, gate: str = 'none',
-                 margin: float = 0.0, until_divergence: bool = False):
-  """Mean over (gated) target positions. Returns (loss, reverse KL per target N, kept fraction)."""
-  g = divergence_mask(t_logp, tokens, mask_NxS) if until_divergence else mask_NxS
-  g = gate_mask(s_logp, t_logp, g, gate=gate, margin=margin)
-  per = distill_per_position(s_logp, t_logp, tokens, kind=kind, top_k=top_k)
-  loss = jnp.sum(per * g) / jnp.maximum(jnp.sum(g), 1.0)
-  rkl = jax.lax.stop_gradient(_kl(s_logp, t_logp))
-  kl_N = jnp.sum(rkl * mask_NxS, -1) / jnp.maximum(jnp.sum(mask_NxS, -1), 1.0)
+def distill_loss(stats: dict, tokens, mask_NxS, *, gate: str = 'none', margin: float = 0.0,
+                 until_divergence: bool = False):
+  """Mean over (gated) target positions of `position_stats`' per-position loss.
+
+  Returns (loss, reverse KL per target N, kept fraction).
+  """
+  g = divergence_mask(stats['t_top'], tokens, mask_NxS) if until_divergence else mask_NxS
+  g = gate_mask(stats, g, gate=gate, margin=margin)
+  loss = jnp.sum(stats['per'] * g) / jnp.maximum(jnp.sum(g), 1.0)
+  kl_N = jnp.sum(stats['rkl'] * mask_NxS, -1) / jnp.maximum(jnp.sum(mask_NxS, -1), 1.0)
   return loss, kl_N, jnp.sum(g) / jnp.maximum(jnp.sum(mask_NxS), 1.0)

@@ -30,6 +30,7 @@ from research import configs
 from research.model import decode
 from research.model.config import ModelConfig
 from research.model.transformer import forward
+from research.parallel.sharding import constrain
 from research.rl import losses
 from research.rl.env import Step
 from research.rl.trajectory import Trajectory
@@ -106,13 +107,27 @@ def _routes(aux, cfg: ModelConfig, b: int, t: int):
   return aux['routes'].reshape(-1, b, t, cfg.num_experts_per_tok)
 
 
+def _shard_cache(cache):
+  """Lays the cache out by rows over the batch mesh axes (a no-op outside a mesh): valid and pos are
+  B x ..., the layer stacks L x B x ..., end a scalar."""
+  out = {k: constrain(cache[k], ('act_batch',)) for k in ('valid', 'pos')}
+  for k in cache.keys() - {'valid', 'pos', 'end'}:
+    out[k] = jax.tree.map(lambda x: constrain(x, (None, 'act_batch')), cache[k])
+  return {**out, 'end': cache['end']}
+
+
+def _replicated(x):
+  """What the host reads back: whole on every device, so every process of a multi-host run can."""
+  return constrain(x, (None,) * x.ndim)
+
+
 def extend(params, tokens_BxT, mask_BxT, cache, *, cfg: ModelConfig):
   """Prefills a right-padded chunk. Returns (logits at each row's last real token, cache, routes)."""
   logits, aux, cache = forward(params, tokens_BxT, cfg, segment_ids_BxT=mask_BxT.astype(jnp.int32),
-                               cache=cache)
+                               cache=_shard_cache(cache))
   b, t = tokens_BxT.shape
   last = t - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=1)
-  return logits[jnp.arange(b), last], cache, _routes(aux, cfg, b, t)
+  return logits[jnp.arange(b), last], _shard_cache(cache), _replicated(_routes(aux, cfg, b, t))
 
 
 def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
@@ -153,12 +168,14 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
               stopped=jnp.zeros((b,), bool), done=done_B | (budget_B <= 0),
               routes=jnp.zeros((n_moe, b, m, cfg.num_experts_per_tok), jnp.int32))
   out = jax.lax.while_loop(lambda c: (c['i'] < m) & ~jnp.all(c['done']), body, init)
-  return {k: out[k] for k in ('tokens', 'logp', 'n', 'stopped', 'routes', 'cache')}
+  return {**{k: _replicated(out[k]) for k in ('tokens', 'logp', 'n', 'stopped', 'routes')},
+          'cache': _shard_cache(out['cache'])}
 
 
-# Module-level, so every Sampler with the same configs shares the compiled programs.
-_extend_jit = jax.jit(extend, static_argnames=('cfg',), donate_argnums=3)
-_generate_jit = jax.jit(generate, static_argnames=('cfg', 's', 'pad_id'), donate_argnums=1)
+@functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.
+def _programs(jit: Callable, cfg: ModelConfig, s: 'SamplerConfig', pad_id: int):
+  return (jit(functools.partial(extend, cfg=cfg), donate_argnums=3),
+          jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,12 +256,15 @@ class _Reply:
 
 
 class Sampler:
-  """Jitted generation for one model config, tokenizer and sampler config."""
+  """Jitted generation for one model config, tokenizer and sampler config.
 
-  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig):
+  `jit` compiles its programs: jax.jit on one device, or a Trainer's `jit` (its mesh and rules: the
+  KV cache split by rows like the batch, the expert layer's shard_map as in training).
+  """
+
+  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, jit: Callable = jax.jit):
     self.cfg, self.tok, self.s = cfg, tok, s
-    self._extend = functools.partial(_extend_jit, cfg=cfg)
-    self._generate = functools.partial(_generate_jit, cfg=cfg, s=s, pad_id=tok.pad_id)
+    self._extend, self._generate = _programs(jit, cfg, s, tok.pad_id)
     seqs = [(tok.end_of_message_id,), *s.stop_seqs]
     width = max(len(q) for q in seqs)
     self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)

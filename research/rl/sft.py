@@ -8,16 +8,16 @@ The step is research/train/step.py's `train_step` (next-token CE over loss_mask 
 """
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import tqdm
 
 from research import configs
-from research.model.config import ModelConfig
+from research.parallel import mesh as mesh_lib
+from research.parallel import sharding
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
 from research.train import optimizer as optim
@@ -91,20 +91,22 @@ def batch(tok: Tokenizer, convs: list[list[dict]], seq_len: int, row_multiple: i
   return out
 
 
-def train(params, cfg: ModelConfig, tok: Tokenizer, tx: optax.GradientTransformation,
+def train(params, trainer: step_lib.Trainer, tok: Tokenizer,
           demos: Callable[[np.random.Generator, int], list[list[dict]]], *, steps: int, batch_size: int,
           seq_len: int, seed: int, log: Callable[[int, dict], None] | None = None, log_every: int = 25,
           evaluate: Callable[[dict], dict] | None = None, eval_every: int = 0):
-  """Trains on fresh demonstrations each step. Returns (params, history of logged rows).
+  """Trains on fresh demonstrations each step with the trainer's step (and mesh). Returns (params,
+  history of logged rows).
 
   `evaluate(params) -> dict` runs every `eval_every` steps (and at the end); its row is logged.
   """
-  tx = step_lib.freeze_untrainable(tx)
-  state = step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  fn = jax.jit(lambda s, b: step_lib.train_step(s, b, None, cfg=cfg, tx=tx), donate_argnums=0)
+  state = trainer.start(params)
+  fn = trainer.step_fn()
+  rows = mesh_lib.axis_size(trainer.mesh, sharding.mesh_axes('act_batch', trainer.rules))
   rng, history, pending = np.random.default_rng(seed), [], []
   for i in tqdm.trange(1, steps + 1, desc='warm start', unit='step', leave=False):
-    state, m = fn(state, batch(tok, demos(rng, batch_size), seq_len))
+    rows_BxT = batch(tok, demos(rng, batch_size), seq_len, row_multiple=math.lcm(4, rows))
+    state, m = fn(state, trainer.put_global(rows_BxT), None)
     pending.append(m)
     if i % log_every == 0 or i == steps:
       fetched = jax.device_get(pending)

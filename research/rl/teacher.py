@@ -2,8 +2,9 @@
 
 For each feedback (trajectory, target message, hint) the context is rebuilt with the hint message
 spliced in before the target message (research/rl/trajectory.py `with_hint`); one batched forward
-with the teacher's weights gives log-probs over the target message's tokens, aligned position by
-position with the student's (the same tokens in the original context). Teacher weights:
+with the teacher's weights gives hidden states at the target message's tokens (the update turns
+them into log-probs a chunk at a time), aligned position by position with the student's (the same
+tokens in the original context). Teacher weights:
   live    the current policy under stop-gradient,
   ema     an exponential moving average of the policy (regularized; starts at the warm start),
   frozen  the warm start.
@@ -11,7 +12,6 @@ A context that no longer fits `seq_len` with its hint is dropped from distillati
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,6 @@ import numpy as np
 from research import configs
 from research.model.config import ModelConfig
 from research.model.transformer import forward
-from research.rl import losses
 from research.rl.critics import Feedback
 from research.rl.trajectory import Trajectory, with_hint
 from research.tokenizer.base import Tokenizer
@@ -87,12 +86,11 @@ def build_targets(tok: Tokenizer, trajs: list[Trajectory], feedback: list[tuple[
   return Targets(t_tokens, t_seg, t_pos, d_row, d_pos, d_tok, d_mask, kept, overflow)
 
 
-@functools.partial(jax.jit, static_argnames=('cfg', 'temperature'))
-def teacher_logp(params, t_tokens, t_seg, t_pos, *, cfg: ModelConfig, temperature: float = 1.0):
-  """Teacher log-probs at the target positions, N x S x V (no gradient)."""
-  logits, _, _ = forward(jax.lax.stop_gradient(params), t_tokens, cfg, segment_ids_BxT=t_seg)
-  picked = jnp.take_along_axis(logits, t_pos[..., None], axis=1)
-  return losses.tempered_log_softmax(picked, temperature)
+def teacher_hidden(params, t_tokens, t_seg, t_pos, *, cfg: ModelConfig):
+  """The teacher's final hidden states at the target positions, N x S x D (no gradient); the
+  update unembeds them a chunk at a time with the teacher's head (research/rl/logprobs.py)."""
+  h, _, _ = forward(jax.lax.stop_gradient(params), t_tokens, cfg, segment_ids_BxT=t_seg, head=False)
+  return jnp.take_along_axis(h, t_pos[..., None], axis=1)
 
 
 class TeacherWeights:
@@ -113,8 +111,6 @@ class TeacherWeights:
       self.fixed = self._ema(self.fixed, live)
 
 
-@functools.partial(jax.jit, static_argnames=('cfg', 'temperature'))
-def reference_logp(params, tokens, seg, *, cfg: ModelConfig, temperature: float = 1.0):
-  """The teacher weights' log-probs over a whole batch without a hint (the anchor term), B x T x V."""
-  logits, _, _ = forward(jax.lax.stop_gradient(params), tokens, cfg, segment_ids_BxT=seg)
-  return losses.tempered_log_softmax(logits, temperature)
+def reference_hidden(params, tokens, seg, *, cfg: ModelConfig):
+  """The teacher weights' hidden states over a whole batch without a hint (the anchor term), B x T x D."""
+  return forward(jax.lax.stop_gradient(params), tokens, cfg, segment_ids_BxT=seg, head=False)[0]

@@ -123,9 +123,9 @@ def to_batch(trajs: list[Trajectory], seq_len: int, pad_id: int, rows: int | Non
 
 
 def routes_batch(trajs: list[Trajectory], seq_len: int, rows: int, num_layers: int, k: int):
-  """Recorded routes as the forward's `routes` argument: L_moe x (rows*seq_len) x k (pads route to 0)."""
-  out = np.zeros((num_layers, rows, seq_len, k), np.int32)
+  """Recorded routes, rows x seq_len x L_moe x k (pads route to 0): split by rows like the batch."""
+  out = np.zeros((rows, seq_len, num_layers, k), np.int32)
   for r, t in enumerate(trajs):
     n = min(len(t.routes), seq_len)
-    out[:, r, :n] = np.stack(t.routes[:n], axis=1)
-  return out.reshape(num_layers, rows * seq_len, k)
+    out[r, :n] = np.stack(t.routes[:n])
+  return out

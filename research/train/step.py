@@ -40,18 +40,26 @@ def freeze_untrainable(tx: optax.GradientTransformation) -> optax.GradientTransf
   return optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, trainable_labels)
 
 
+# The forward's own outputs in a loss's aux; every other aux entry is one of the loss's metrics.
+MODEL_AUX = ('load', 'aux_loss', 'z_loss', 'attn_max_logit', 'routes')
+
+
 def loss_fn(params, batch, cfg: ModelConfig):
-  """Mean next-token cross-entropy over loss_mask, plus router losses. Returns (loss, aux)."""
+  """Mean next-token cross-entropy over loss_mask. Returns (loss, aux: the forward's and 'ce', 'tokens')."""
   logits, aux, _ = transformer.forward(params, batch['tokens'], cfg,
                                        segment_ids_BxT=batch['segment_ids'])
   logp = jax.nn.log_softmax(logits, axis=-1)
   nll_BxT = -jnp.take_along_axis(logp, batch['targets'][..., None], axis=-1)[..., 0]
   mask = batch['loss_mask'].astype(jnp.float32)
   ce = jnp.sum(nll_BxT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-  loss = ce
-  if 'load' in aux:
-    loss += cfg.aux_loss_coef * jnp.sum(aux['aux_loss']) + cfg.z_loss_coef * jnp.sum(aux['z_loss'])
-  return loss, {'ce': ce, **aux}
+  return ce, {'ce': ce, 'tokens': jnp.sum(batch['loss_mask']), **aux}
+
+
+def router_loss(aux: dict, cfg: ModelConfig):
+  """The MoE router's load-balancing and z losses (0 without MoE layers)."""
+  if 'load' not in aux:
+    return jnp.zeros(())
+  return cfg.aux_loss_coef * jnp.sum(aux['aux_loss']) + cfg.z_loss_coef * jnp.sum(aux['z_loss'])
 
 
 def apply_qk_clip(params: dict, max_logit_LxH, cfg: ModelConfig, tau: float) -> dict:
@@ -69,16 +77,24 @@ def apply_qk_clip(params: dict, max_logit_LxH, cfg: ModelConfig, tau: float) -> 
 
 
 def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConfig,
-               tx: optax.GradientTransformation, qk_clip_tau: float = 0.0):
-  """One optimizer step. rng is reserved for stochastic layers (none yet) and kept in the API."""
+               tx: optax.GradientTransformation, qk_clip_tau: float = 0.0, loss: Callable = loss_fn):
+  """One optimizer step on `loss(params, batch, cfg) -> (objective, aux)` (supervised CE, the RL
+  objective), aux holding the forward's outputs: the router losses are added here, the router bias
+  is updated after the optimizer, MuonClip applied. rng is reserved for stochastic layers (none yet).
+  Returns (state, metrics): loss, grad_norm, router statistics and the loss's own aux entries."""
   del rng
-  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, cfg)
+
+  def total(params):
+    objective, aux = loss(params, batch, cfg)
+    return objective + router_loss(aux, cfg), aux
+
+  (value, aux), grads = jax.value_and_grad(total, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   if qk_clip_tau:
     params = apply_qk_clip(params, aux['attn_max_logit'], cfg, qk_clip_tau)
-  metrics = {'loss': loss, 'ce': aux['ce'], 'grad_norm': optax.tree.norm(grads),
-             'tokens': jnp.sum(batch['loss_mask'])}
+  metrics = {'loss': value, 'grad_norm': optax.tree.norm(grads),
+             **{k: v for k, v in aux.items() if k not in MODEL_AUX}}
   if 'load' in aux:
     load_LxE = aux['load']
     if cfg.router == 'sigmoid' and cfg.bias_update_rate:
@@ -92,7 +108,7 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConf
   return TrainState(state.step + 1, params, opt_state), metrics
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # Hashable by identity: samplers cache their programs per trainer.
 class Trainer:
   """Sharded init and the jitted step for one model config, optimizer and mesh.
 
@@ -120,29 +136,48 @@ class Trainer:
         return fn(*args, **kwargs)
     return traced
 
+  def jit(self, fn: Callable, **jit_kwargs) -> Callable:
+    """jax.jit of fn traced under this trainer's rules; calls run inside its mesh."""
+    jitted = jax.jit(self.with_rules(fn), **jit_kwargs)
+
+    def run(*args, **kwargs):
+      with jax.set_mesh(self.mesh):
+        return jitted(*args, **kwargs)
+    return run
+
   def init(self, rng: jax.Array) -> TrainState:
     with jax.set_mesh(self.mesh):
       params = jax.jit(transformer.init, static_argnums=0,
                        out_shardings=self.param_shardings)(self.cfg, rng)
-      # Optimizer state follows the params' shardings (Muon constrains it by the rules).
-      opt_state = jax.jit(self.with_rules(self.tx.init))(params)
+    return self.start(params)
+
+  def start(self, params) -> TrainState:
+    """Step 0 from given params (a warm start, a checkpoint), laid out by the param shardings."""
+    params = jax.device_put(params, self.param_shardings)
+    # Optimizer state follows the params' shardings (Muon constrains it by the rules).
+    opt_state = self.jit(self.tx.init)(params)
     step = jax.device_put(jnp.zeros((), jnp.int32), NamedSharding(self.mesh, P()))
     state = TrainState(step, params, opt_state)
     self.state_shardings = jax.tree.map(lambda x: x.sharding, state)
     return state
 
-  def step_fn(self) -> Callable:
-    step = jax.jit(
-        self.with_rules(functools.partial(train_step, cfg=self.cfg, tx=self.tx,
-                                           qk_clip_tau=self.qk_clip_tau)),
-        in_shardings=(self.state_shardings, self.batch_sharding, None),
-        out_shardings=(self.state_shardings, None),
+  def step_fn(self, loss: Callable = loss_fn, batch_sharding=None) -> Callable:
+    """The jitted train_step on `loss`; batch_sharding (a prefix of the batch's tree) defaults to
+    every leaf split on its first axis over the batch mesh axes."""
+    return self.jit(
+        functools.partial(train_step, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau, loss=loss),
+        in_shardings=(self.state_shardings, batch_sharding or self.batch_sharding, None),
+        out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),  # Metrics: any host reads them.
         donate_argnums=0)
-
-    def run(state, batch, rng):
-      with jax.set_mesh(self.mesh):
-        return step(state, batch, rng)
-    return run
 
   def put_batch(self, batch: dict) -> dict:
     return jax.device_put(batch, self.batch_sharding)
+
+  def put_global(self, tree, shardings=None):
+    """Host arrays every process holds in full, alike (RL's rollouts), as global arrays laid out by
+    `shardings` (a prefix of the tree; default the batch sharding). Device arrays pass through."""
+    def put(x, sh):
+      return x if isinstance(x, jax.Array) else jax.make_array_from_callback(x.shape, sh, lambda i: x[i])
+    shardings = shardings or self.batch_sharding
+    return jax.tree.map(lambda sh, sub: jax.tree.map(lambda x: put(x, sh), sub), shardings, tree,
+                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))

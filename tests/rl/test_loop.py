@@ -1,4 +1,6 @@
 """The RL loop end to end (tiny model, few steps), resume, and that each objective term learns."""
+from concurrent import futures
+import functools
 import json
 import os
 
@@ -12,6 +14,7 @@ import transformers
 
 import chatml
 from experiments import toolcalc_rl
+from experiments.benchmarks import rl_scale
 from research import configs
 from research.hf import convert
 from research.model import transformer
@@ -20,6 +23,7 @@ from research.rl.critics import Feedback
 from research.rl.trajectory import Trajectory, to_batch
 from research.tokenizer import chat
 from research.tokenizer.hf import HFTokenizer
+from research.train import step as step_lib
 
 REQUIRED = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss',
             'rollout_tokens_per_s', 'logp_mismatch', 'time_sample', 'time_teacher', 'time_update')
@@ -59,7 +63,7 @@ def test_loop_end_to_end_and_resume(tmp_path):
 
 def _fixture(tmp_path):
   c = _tiny()
-  c.loss.anchor_coef = 0.0
+  c.loss.anchor_coef, c.loss.is_cap = 0.0, 0.0  # The fixture's sampler log-probs are placeholders.
   r = loop.Runner(c, str(tmp_path))
   params = transformer.init(r.cfg, jax.random.key(0))
   prompt, _ = chat.render(r.tok, [{'role': 'user', 'content': 'tools +:plus\n3+4'}], add_generation_prompt=True)
@@ -69,19 +73,22 @@ def _fixture(tmp_path):
 
 
 def _run_updates(c, r, params, t, feedback, adv, n, teacher_params=None):
+  """n train steps (research/train/step.py) on the RL objective for one trajectory."""
   lc = configs.from_dict(loop.LossConfig, c.loss, 'loss')
   tx = optax.adam(1e-2)
-  update = loop.make_update(r.cfg, tx, lc, 1.0)
   frozen = jax.tree.map(jnp.copy, params if teacher_params is None else teacher_params)
-  opt_state = tx.init(params)
-  batch = to_batch([t], 64, r.tok.pad_id)
-  batch['adv'] = np.array([adv], np.float32)
+  state = step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  step = jax.jit(functools.partial(step_lib.train_step, cfg=r.cfg, tx=tx, loss=functools.partial(
+      loop.objective, lc=lc, temperature=1.0)))
+  rows = to_batch([t], 64, r.tok.pad_id)
+  rows.update(adv=np.array([adv], np.float32), valid=np.ones(1, np.float32))
   tg = teacher_lib.build_targets(r.tok, [t], feedback, {0: 0}, 96, 12, 1)
-  t_logp = r.teacher_fn(frozen, tg.t_tokens, tg.t_seg, tg.t_pos)
-  tgt = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_logp': t_logp}
+  t_hidden = teacher_lib.teacher_hidden(frozen, tg.t_tokens, tg.t_seg, tg.t_pos, cfg=r.cfg)
+  batch = {'rows': rows, 'teacher_head': frozen['lm_head']['kernel'], 'targets': {
+      'd_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_hidden': t_hidden}}
   hist = []
   for _ in range(n):
-    params, opt_state, m = update(params, opt_state, batch, tgt, 9.0)
+    state, m = step(state, batch, None)
     hist.append(jax.device_get(m))
   return hist
 
@@ -130,3 +137,29 @@ def test_rl_starts_from_a_converted_hf_checkpoint_with_its_tokenizer(tmp_path):
   summary = loop.run(c, str(tmp_path / 'run'))
   rows = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
   assert rows[-1]['step'] == 1 and np.isfinite(rows[-1]['pg_loss']) and summary['rollouts'] == 8
+
+
+def test_rl_on_eight_devices_matches_one(tmp_path):
+  """Rollouts token for token, then the objective and its gradients, on a data x fsdp x expert mesh."""
+  out = rl_scale.sharded(str(tmp_path))
+  assert out['rollouts_identical'] and out['rollout_tokens'] > 8 * 40
+  assert out['sharded_max_abs_diff'] <= 1e-5, out
+
+
+def test_one_step_off_samples_with_the_previous_params_and_weights_tokens(tmp_path):
+  """rl.staleness=1: step 2's rollouts come from the params before update 1; the ratio shows it."""
+  c = _tiny(3)
+  c.rl.staleness, c.optimizer.warmup_steps = 1, 0  # Warmup would make update 1 a no-op (learning rate 0).
+  r = loop.Runner(c, str(tmp_path))
+  state = r.fresh_state(r.trainer.init(jax.random.key(0)).params)
+  before = jax.tree.map(np.array, state.params)
+  pending = {}
+  with futures.ThreadPoolExecutor(1) as pool:
+    state, row1 = r.train_step(1, state, r._ahead(1, state.params, pending, pool))
+    assert set(pending) == {2}  # Started with the params of step 1, before its update.
+    ro2 = r._ahead(2, state.params, pending, pool)
+  assert row1['rows_trained'] > 0
+  assert [t.tokens for t in ro2.trajs] == [t.tokens for t in r.rollouts(2, before).trajs]
+  state, row2 = r.train_step(2, state, ro2)
+  assert abs(row1['is_log_ratio']) < 1e-4 and row1['is_ess'] > 0.999  # On-policy.
+  assert abs(row2['is_log_ratio']) > 10 * abs(row1['is_log_ratio']) and row2['is_ess'] < row1['is_ess']

@@ -28,11 +28,20 @@ def test_pg_loss(clip):
   logp, old = -rng.random((3, 5)), -rng.random((3, 5))
   adv, mask = np.array([1.0, -0.5, 0.0]), (rng.random((3, 5)) > 0.3).astype(np.float32)
   got, _ = losses.pg_loss(jnp.array(logp), jnp.array(old), jnp.array(adv), jnp.array(mask), 7.0, clip_eps=clip)
+  # Truncated importance sampling weights each token by min(ratio, cap), with no gradient through it.
+  capped, st = losses.pg_loss(jnp.array(logp), jnp.array(old), jnp.array(adv), jnp.array(mask), 7.0, is_cap=1.2)
   if clip:
     ratio = np.exp(logp - old)
     per = -np.minimum(ratio * adv[:, None], np.clip(ratio, 1 - clip, 1 + clip) * adv[:, None])
   else:
     per = -adv[:, None] * logp
+    w = np.minimum(np.exp(logp - old), 1.2)
+    np.testing.assert_allclose(capped, (per * w * mask).sum() / 7.0, rtol=1e-5)
+    np.testing.assert_allclose(st['is_capped'], ((np.exp(logp - old) > 1.2) * mask).sum() / mask.sum(), rtol=1e-6)
+    np.testing.assert_allclose(st['is_ess'], (w * mask).sum() ** 2 / (mask.sum() * (w * w * mask).sum()), rtol=1e-5)
+    grad = jax.grad(lambda lp: losses.pg_loss(lp, jnp.array(old), jnp.array(adv), jnp.array(mask), 7.0,
+                                              is_cap=1.2)[0])(jnp.array(logp))
+    np.testing.assert_allclose(grad, -adv[:, None] * w * mask / 7.0, rtol=1e-5)
   np.testing.assert_allclose(got, (per * mask).sum() / 7.0, rtol=1e-5)
 
 
@@ -63,8 +72,8 @@ def test_distill_loss_matches_numpy(kind):
   s, t = _logp(rng, 2, 4, 11), _logp(rng, 2, 4, 11)
   y = rng.integers(0, 11, size=(2, 4))
   mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
-  loss, kl_n, frac = losses.distill_loss(jnp.array(s), jnp.array(t), jnp.array(y), jnp.array(mask), kind=kind,
-                                         top_k=3)
+  stats = losses.position_stats(jnp.array(s), jnp.array(t), jnp.array(y), kind=kind, top_k=3)
+  loss, kl_n, frac = losses.distill_loss(stats, jnp.array(y), jnp.array(mask))
   ref = _np_ref(kind, s, t, y, 3)
   np.testing.assert_allclose(loss, (ref * mask).sum() / mask.sum(), rtol=1e-5, atol=1e-6)
   rkl = _np_kl(s, t)
@@ -87,8 +96,9 @@ def test_confident_gate():
   s = np.log(np.array([[[0.5, 0.5], [0.9, 0.1]]]))
   t = np.log(np.array([[[0.8, 0.2], [0.6, 0.4]]]))
   mask = np.ones((1, 2), np.float32)
-  loss, _, frac = losses.distill_loss(jnp.array(s), jnp.array(t), jnp.zeros((1, 2), jnp.int32), jnp.array(mask),
-                                      kind='reverse_kl', gate='confident')
+  y = jnp.zeros((1, 2), jnp.int32)
+  stats = losses.position_stats(jnp.array(s), jnp.array(t), y, kind='reverse_kl')
+  loss, _, frac = losses.distill_loss(stats, y, jnp.array(mask), gate='confident')
   assert frac == 0.5  # Only position 0, where the teacher is more confident than the student.
   np.testing.assert_allclose(loss, _np_kl(s, t)[0, 0], rtol=1e-5)
 
@@ -105,5 +115,5 @@ def test_until_divergence_mask():
   t[0, :, 0] = t[1, :, 0] = np.log(0.8)       # The teacher's top token is 0 everywhere.
   y = np.array([[0, 0, 2, 0], [1, 0, 0, 0]])   # Row 0 leaves it at position 2, row 1 at once.
   mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
-  got = losses.divergence_mask(jnp.array(t), jnp.array(y), jnp.array(mask))
+  got = losses.divergence_mask(jnp.argmax(jnp.array(t), -1), jnp.array(y), jnp.array(mask))
   np.testing.assert_array_equal(got, [[1, 1, 1, 0], [1, 0, 0, 0]])
