@@ -4,14 +4,14 @@
 #   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~12 min)
 #   OUT=... PARTS="moe train attention decode" bash experiments/benchmarks/gpu_suite.sh
 # Parts: moe train train_wide attention decode (experiments/benchmarks/gpu_kernels.py: kernels, MFU, decode),
-# muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
+# rl (one RL update of a 32k-token trajectory, rl_scale.py's gpu_update), muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
 # gpu_aot.py), paths (moe_paths.py's float32 table). Needs jax, optax, numpy and tokamax with its
 # dependencies (carried as wheels on a machine without a registry: docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu_suite}"
 PY="${PYTHON:-python3}"
-PARTS="${PARTS:-moe train attention decode muon aot paths}"
+PARTS="${PARTS:-moe train train_wide attention decode rl muon aot paths}"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
@@ -19,12 +19,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$PY" -c 'from research.model import kernels
 print("tokamax GPU kernels that compile here:", {op: kernels.gpu_kernels(op) for op in ("ragged_dot", "attention")})'
 
-declare -A LIMIT=([moe]=150 [train]=140 [train_wide]=140 [attention]=80 [decode]=50)
+declare -A LIMIT=([moe]=150 [train]=140 [train_wide]=130 [attention]=80 [decode]=50)
 for part in $PARTS; do
   case "$part" in
     moe|train|train_wide|attention|decode)
       timeout "${LIMIT[$part]}" "$PY" -m experiments.benchmarks.gpu_kernels --part="$part" \
         --json="$OUT/gpu_$part.json" || echo "$part failed: $?";;
+    rl)
+      timeout 100 "$PY" -m experiments.benchmarks.rl_scale --parts=gpu_update --workdir=/tmp/rl_scale \
+        --json="$OUT/rl_update.json" || echo "rl_update failed: $?";;
     muon)
       timeout 180 "$PY" -m experiments.benchmarks.muon_gpu --json="$OUT/muon_gpu.json" \
         || echo "muon_gpu failed: $?";;

@@ -10,6 +10,8 @@ sharded: the tiny toolcalc RL setup from one random init on 8 simulated devices 
 memory: `temp_bytes` of one compiled RL update (forward, backward, optimizer; XLA memory_analysis) on
   the toolcalc tiny model at 1k..64k tokens per trajectory, `chunked` (loss.logit_chunk) and
   `current` (the whole sequence's logits at once), both with the model's configured attention.
+gpu_update: seconds of one RL update of one trajectory of --gpu_context tokens on the tiny MoE
+  widened to fill a device (run on a GPU; `gpu_suite.sh`'s `rl` part).
 async: `async_speedup`, rollouts per second of toolcalc RL runs with rl.staleness=1 over 0 from one
   warm start; `final_success` of each over --seeds seeds (mean, std).
 """
@@ -29,7 +31,7 @@ import optax
 
 from experiments import toolcalc_rl
 from research import configs
-from research.model import transformer
+from research.model import attention, moe, transformer
 from research.parallel import distributed
 from research.parallel import mesh as mesh_lib
 from research.rl import loop
@@ -44,6 +46,7 @@ _SFT_STEPS = flags.DEFINE_integer('sft_steps', 300, 'Warm-start steps shared by 
 _EVAL_TASKS = flags.DEFINE_integer('eval_tasks', 64, 'Held-out tasks of final_success (async).')
 _INIT = flags.DEFINE_string('init_checkpoint', '', 'A workdir with warmstart/ (async); empty: warm start here.')
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/rl_scale_bench', 'Scratch workdir.')
+_GPU_CONTEXT = flags.DEFINE_integer('gpu_context', 32768, 'Tokens of the one trajectory (gpu_update).')
 
 
 def tiny(mesh: str = 'data:1') -> ml_collections.ConfigDict:
@@ -82,8 +85,9 @@ def sharded(workdir: str, mesh: str = 'data:2,fsdp:2,expert:2') -> dict:
           'objective': float(v1), 'rollout_tokens': sum(map(len, toks1))}
 
 
-def update_temp_bytes(cfg, context: int, chunk: int, targets: int = 4, span: int = 256) -> int:
-  """XLA's temp bytes of one RL update (1 trajectory of `context` tokens, anchor and routes on)."""
+def update_program(cfg, context: int, chunk: int, targets: int = 4, span: int = 256):
+  """One RL update (1 trajectory of `context` tokens, anchor and routes on): (jitted step, abstract
+  state, abstract batch, trainer)."""
   lc = loop.LossConfig(logit_chunk=chunk)
   trainer = step_lib.Trainer(cfg, optax.adamw(1e-3), mesh_lib.make_mesh({'data': 1}))
   fn = functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx,
@@ -100,9 +104,50 @@ def update_temp_bytes(cfg, context: int, chunk: int, targets: int = 4, span: int
   tgt.update(d_row=sds((targets,), i32), d_mask=sds((targets, span), f32),
              t_hidden=sds((targets, span, cfg.d_model), jnp.dtype(cfg.dtype)))
   batch = {'rows': rows, 'targets': tgt, 'teacher_head': params['lm_head']['kernel']}
+  return jax.jit(trainer.with_rules(fn), donate_argnums=0), state, batch, trainer
+
+
+def update_temp_bytes(cfg, context: int, chunk: int) -> int:
+  """XLA's temp bytes of one RL update (update_program)."""
+  step, state, batch, trainer = update_program(cfg, context, chunk)
   with jax.set_mesh(trainer.mesh):
-    compiled = jax.jit(trainer.with_rules(fn)).lower(state, batch, None).compile()
-  return int(compiled.memory_analysis().temp_size_in_bytes)
+    return int(step.lower(state, batch, None).compile().memory_analysis().temp_size_in_bytes)
+
+
+# The tiny MoE widened to fill one device (the GPU suite's train shape, experiments/benchmarks/gpu_kernels).
+WIDE = dict(vocab_size=32768, d_model=2048, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=128,
+            num_experts=64, num_experts_per_tok=8, d_expert=768, dtype='bfloat16', moe_impl='auto',
+            attention_impl='auto')
+
+
+def gpu_update(context: int, chunk: int, shape: dict = WIDE) -> dict:
+  """Seconds of one RL update of one `context`-token trajectory on the toolcalc model reshaped."""
+  cfg = dataclasses.replace(configs.from_dict(loop.RLExperimentConfig, toolcalc_rl.get_config()).model, **shape)
+  step, state, batch, trainer = update_program(cfg, context, chunk)
+  rng = np.random.default_rng(0)
+
+  def fill(x):
+    if x.dtype == jnp.int32:
+      high = cfg.num_experts if x.shape[-1:] == (cfg.num_experts_per_tok,) else min(context, cfg.vocab_size)
+      return jnp.asarray(rng.integers(0, high, x.shape), jnp.int32)
+    return jnp.asarray(rng.standard_normal(x.shape) * 0.1, x.dtype)
+  batch = jax.tree.map(fill, batch)
+  batch['rows'].update(segment_ids=jnp.ones((1, context), jnp.int32), mask=jnp.ones((1, context)),
+                       valid=jnp.ones((1,)), adv=jnp.ones((1,)))
+  with jax.set_mesh(trainer.mesh):
+    state = trainer.init(jax.random.key(0))
+    batch['teacher_head'] = jnp.copy(state.params['lm_head']['kernel'])  # The state is donated.
+    times = []
+    for _ in range(4):  # The first compiles.
+      t0 = time.perf_counter()
+      state, metrics = step(state, batch, None)
+      jax.block_until_ready(metrics)
+      times.append(time.perf_counter() - t0)
+  return {'gpu_update': {'context': context, 'device': jax.devices()[0].device_kind,
+                         'seconds': float(np.median(times[1:])), 'compile_and_first_s': times[0],
+                         'params': sum(x.size for x in jax.tree.leaves(state.params)),
+                         'logit_chunk': chunk, 'attention_impl': attention.resolve_impl(cfg.attention_impl),
+                         'moe_impl': moe.resolve_impl(cfg.moe_impl)}}
 
 
 def memory(contexts: list[int], chunk: int) -> dict:
@@ -165,6 +210,9 @@ def main(argv):
     out.update(pipeline(os.path.join(_WORKDIR.value, 'async'), _SEEDS.value, _STEPS.value, _SFT_STEPS.value,
                         _EVAL_TASKS.value, _INIT.value))
     print({k: out[k] for k in ('async_speedup', 'final_success')}, flush=True)
+  if 'gpu_update' in _PARTS.value:
+    out.update(gpu_update(_GPU_CONTEXT.value, loop.LossConfig().logit_chunk))
+    print(out['gpu_update'], flush=True)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(out, f, indent=1, default=float)
