@@ -102,7 +102,7 @@ def kernel_programs(devices):
   valid = jax.ShapeDtypeStruct((16, 256), jnp.bool_)
   loss = lambda p, x, v: jnp.sum(moe.moe(p, x, v, cfg)[0].astype(jnp.float32))
   seg = jnp.ones((2, 512), jnp.int32)
-  mask = kernels.MaskInfo(seg, seg, jnp.arange(512), jnp.arange(512))
+  mask = kernels.MaskInfo(seg, seg, jnp.arange(512)[None], jnp.arange(512))
   with tokamax.config.cross_compile(True):
     with jax.set_mesh(mesh_lib.make_mesh('expert:8', devices)):
       yield 'kernels_moe_ep_expert:8', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()

@@ -102,7 +102,7 @@ def attention_rows(small: bool) -> list[dict]:
   if small:
     shapes = {'gqa': (4, 2, 16, 16), 'mla': (4, 4, 24, 16)}
   seg = jnp.ones((b, t), jnp.int32)
-  mask = kernels.MaskInfo(seg, seg, jnp.arange(t), jnp.arange(t))
+  mask = kernels.MaskInfo(seg, seg, jnp.arange(t)[None], jnp.arange(t))
   rows = []
   for kind, (h, kh, dq, dv) in shapes.items():
     q = jax.random.normal(jax.random.key(0), (b, t, h, dq), jnp.bfloat16)

@@ -1,7 +1,7 @@
 """GQA (Qwen3) and MLA (DeepSeek-V3) attention, with an optional KV cache.
 
-Both build queries, keys and values per head and share `attend`. With a cache, the new keys are
-written at slot `write_at` and queries attend over all cache slots; MLA caches only the compressed
+Both build queries, keys and values per head and share `attend`. With a cache, each row's new keys
+are written at that row's slot `write_at_B` and queries attend over all cache slots; MLA caches only the compressed
 latent and the shared rope key (kv_lora_rank + qk_rope_head_dim numbers per token).
 
 The mask travels as a `MaskInfo` (segment ids and slots), never as a T x S array, and `attend` has
@@ -101,7 +101,7 @@ def _key_blocks(k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, block: int):
 def _block_scores(q_BxKxGxTxQ, k_BxCxKxQ, kv_seg_BxC, kv_slot_C, mask: MaskInfo, scale):
   """Masked f32 scores of every query against one key block, and the block's mask."""
   s = jnp.einsum('bkgtq,bckq->bkgtc', q_BxKxGxTxQ, k_BxCxKxQ, preferred_element_type=jnp.float32)
-  m = MaskInfo(mask.q_seg_BxT, kv_seg_BxC, mask.q_slot_T, kv_slot_C).dense()[:, None, None]
+  m = MaskInfo(mask.q_seg_BxT, kv_seg_BxC, mask.q_slot_BxT, kv_slot_C).dense()[:, None, None]
   return jnp.where(m, s * scale, NEG_INF), m
 
 
@@ -187,8 +187,10 @@ def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, impl: str, bl
   return out, max_logit_H
 
 
-def _write(cache_x, new_x, write_at):
-  return jax.lax.dynamic_update_slice_in_dim(cache_x, new_x.astype(cache_x.dtype), write_at, axis=1)
+def write_rows(cache_BxSx, new_BxTx, write_at_B):
+  """Writes each row's new entries at that row's own slot (rows keep their own write index)."""
+  put = lambda c, x, w: jax.lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), w, axis=0)
+  return jax.vmap(put)(cache_BxSx, new_BxTx, write_at_B)
 
 
 def _rope(x, pos_BxT, cfg: ModelConfig):
@@ -201,7 +203,7 @@ def _rope(x, pos_BxT, cfg: ModelConfig):
                      cfg.rope_yarn_attention_factor)
 
 
-def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache=None, write_at=None):
+def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache=None, write_at_B=None):
   """Returns (out_BxTxD, new_cache or None, max_logit_H)."""
   dt = x_BxTxD.dtype
   w = lambda name: p[name].astype(dt)
@@ -213,7 +215,7 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache
       q, k = rms_norm(q, p['q_norm'], cfg.norm_eps), rms_norm(k, p['k_norm'], cfg.norm_eps)
     q, k = _rope(q, pos_BxT, cfg), _rope(k, pos_BxT, cfg)
     if cache is not None:
-      cache = {'k': _write(cache['k'], k, write_at), 'v': _write(cache['v'], v, write_at)}
+      cache = {'k': write_rows(cache['k'], k, write_at_B), 'v': write_rows(cache['v'], v, write_at_B)}
       k, v = cache['k'].astype(dt), cache['v'].astype(dt)
     scale = cfg.head_dim ** -0.5
   else:
@@ -228,8 +230,8 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache
     ckv_BxTxR = rms_norm(kv_a[..., :r], p['kv_a_norm'], cfg.norm_eps)
     kpe_BxTxR = _rope(kv_a[..., None, r:], pos_BxT, cfg)[:, :, 0]
     if cache is not None:
-      cache = {'ckv': _write(cache['ckv'], ckv_BxTxR, write_at),
-               'kpe': _write(cache['kpe'], kpe_BxTxR, write_at)}
+      cache = {'ckv': write_rows(cache['ckv'], ckv_BxTxR, write_at_B),
+               'kpe': write_rows(cache['kpe'], kpe_BxTxR, write_at_B)}
       ckv_BxTxR, kpe_BxTxR = cache['ckv'].astype(dt), cache['kpe'].astype(dt)
     kv = jnp.einsum('bsr,rhq->bshq', ckv_BxTxR, w('kv_b'))
     k_nope, v = kv[..., :dn], kv[..., dn:]

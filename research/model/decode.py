@@ -1,10 +1,12 @@
 """KV-cache decoding: allocate, prefill a (left- or right-) padded batch, then one token per step.
 
 The cache is a pytree: per layer stack the attention entries (research/model/attention.py), plus
-  valid (B x S) which slots hold real tokens, end () the next slot to write (shared by all rows),
+  valid (B x S) which slots hold real tokens, end (B,) each row's next slot to write,
   pos (B,) each row's next RoPE position.
-Padding anywhere in the prompt is just an invalid slot, so rows of different lengths share one
-write index and every step is one dynamic_update_slice.
+Each row writes from its own end, which moves past the row's last real token: rows hold their own
+tokens back to back, so a cache is as long as its longest row (plus one write's width), not the
+sum of every turn's widest row. Padding before a real token (a left-padded prompt) is an invalid
+slot that attention skips; padding after the last real token is overwritten by the next write.
 """
 
 import jax
@@ -18,7 +20,7 @@ from research.model.transformer import forward
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
   dtype = jnp.dtype(dtype or cfg.dtype)
   entry = attn_lib.cache_specs(cfg, batch, max_len)
-  cache = {'valid': jnp.zeros((batch, max_len), bool), 'end': jnp.zeros((), jnp.int32),
+  cache = {'valid': jnp.zeros((batch, max_len), bool), 'end': jnp.zeros((batch,), jnp.int32),
            'pos': jnp.zeros((batch,), jnp.int32)}
   for name, n in (('dense_layers', cfg.first_k_dense), ('moe_layers', cfg.num_moe_layers)):
     if n:

@@ -76,18 +76,19 @@ class MaskInfo(NamedTuple):
   """A causal, segmented attention mask without its T x S array.
 
   Query t sees key s iff kv_seg[s] != 0, q_seg[t] == kv_seg[s] and kv_slot[s] <= q_slot[t].
-  Training: segment ids (0 = padding) on both sides and slots 0..T-1. With a KV cache: every query
-  in segment 1, kv_seg the cache's valid slots, q_slot the slots being written.
+  Training: segment ids (0 = padding) on both sides and slots 0..T-1 (q_slot 1 x T). With a KV
+  cache: every query in segment 1, kv_seg the cache's valid slots, q_slot the slots each row's
+  queries are written to (B x T: rows have their own write index).
   """
   q_seg_BxT: jax.Array
   kv_seg_BxS: jax.Array
-  q_slot_T: jax.Array
+  q_slot_BxT: jax.Array  # Or 1 x T, shared by the rows.
   kv_slot_S: jax.Array
 
   def dense(self):
     """The B x T x S boolean mask."""
     same = self.q_seg_BxT[:, :, None] == self.kv_seg_BxS[:, None, :]
-    causal = self.kv_slot_S[None, None, :] <= self.q_slot_T[None, :, None]
+    causal = self.kv_slot_S[None, None, :] <= self.q_slot_BxT[:, :, None]
     return same & (self.kv_seg_BxS[:, None, :] != 0) & causal
 
 
@@ -109,7 +110,7 @@ def tokamax_mask(mask: MaskInfo, cached: bool):
   """
   if cached:
     valid = (mask.kv_seg_BxS != 0)[:, None, None, :]
-    return _attention_base.Mask(valid, k_end=(mask.q_slot_T + 1)[None, None, :])
+    return _attention_base.Mask(valid, k_end=(mask.q_slot_BxT + 1)[:, None, :])
   t = mask.q_seg_BxT.shape[1]
   k_start_BxT = jnp.where(mask.q_seg_BxT != 0, segment_starts(mask.q_seg_BxT), jnp.arange(t))
   return _attention_base.Mask(k_start=k_start_BxT[:, None, :], is_causal=True)

@@ -93,6 +93,20 @@ def _run_stack(cfg, is_moe, layers, cache, routes, carry):
   return jax.lax.scan(fn, carry, (layers, cache, routes))
 
 
+def _cache_step(cache, valid_BxT, positions_BxT):
+  """Where a cached forward writes (each row at its own end) and what its queries see.
+
+  Returns (write_at_B, the cache's valid slots after the write, positions, MaskInfo).
+  """
+  b, t = valid_BxT.shape
+  write_at_B = cache['end']
+  kv_valid = attn_lib.write_rows(cache['valid'], valid_BxT, write_at_B)
+  pos = cache['pos'][:, None] + jnp.cumsum(valid_BxT, axis=1) - 1 if positions_BxT is None else positions_BxT
+  mask = MaskInfo(jnp.ones((b, t), jnp.int32), kv_valid.astype(jnp.int32), write_at_B[:, None] + jnp.arange(t),
+                  jnp.arange(kv_valid.shape[1]))
+  return write_at_B, kv_valid, pos, mask
+
+
 def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, segment_ids_BxT=None,
             cache=None, routes=None, head=True):
   """Logits for tokens_BxT. Returns (logits_BxTxV float32, aux, new_cache).
@@ -101,9 +115,9 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   callers that apply `lm_head` a chunk at a time (never B x T x V at once).
 
   Without a cache: causal attention within segments (segment id 0 = padding; default: all 1) at
-  `positions_BxT` (default: 0..T-1). With a cache (see research/model/decode.py): the tokens are
-  written at slot cache['end'], attend to every valid earlier slot, and positions default to
-  cache['pos'] + 0..T-1.
+  `positions_BxT` (default: 0..T-1). With a cache (see research/model/decode.py): each row's tokens
+  are written from its own slot cache['end'][b], attend to every valid earlier slot, and positions
+  default to cache['pos'] + 0..T-1 over the real tokens.
   aux: per-layer stacks 'load' (L_moe x E), 'aux_loss', 'z_loss' (L_moe), 'attn_max_logit' (L x H),
   'routes' (L_moe x B*T x k). Passing routes (same shape) replays them (router replay).
   """
@@ -112,16 +126,11 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   if cache is None:
     seg = jnp.ones((b, t), jnp.int32) if segment_ids_BxT is None else segment_ids_BxT
     pos = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions_BxT is None else positions_BxT
-    mask = MaskInfo(seg, seg, jnp.arange(t), jnp.arange(t))
+    mask = MaskInfo(seg, seg, jnp.arange(t)[None], jnp.arange(t))
     valid, write_at = seg != 0, None
   else:
-    s = cache['valid'].shape[1]
-    write_at = cache['end']
     valid = jnp.ones((b, t), bool) if segment_ids_BxT is None else segment_ids_BxT != 0
-    kv_valid = jax.lax.dynamic_update_slice_in_dim(cache['valid'], valid, write_at, axis=1)
-    slots = write_at + jnp.arange(t)
-    pos = cache['pos'][:, None] + jnp.cumsum(valid, axis=1) - 1 if positions_BxT is None else positions_BxT
-    mask = MaskInfo(jnp.ones((b, t), jnp.int32), kv_valid.astype(jnp.int32), slots, jnp.arange(s))
+    write_at, kv_valid, pos, mask = _cache_step(cache, valid, positions_BxT)
   # FSDP: gather the table, then look up (XLA cannot reshard a D-sharded lookup to batch-sharded).
   x = constrain(params['embed']['embedding'].astype(dt), (None, None))[tokens_BxT]
   x = constrain(x, ('act_batch', 'act_seq', 'act_embed'))
@@ -140,7 +149,9 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   x = rms_norm(carry[0], params['final_norm']['scale'], cfg.norm_eps)
   logits = lm_head(params['lm_head']['kernel'], x, cfg) if head else x
   if cache is not None:
-    new_cache.update(valid=kv_valid, end=write_at + t, pos=pos[:, -1] + 1)
+    # A row's write index moves past its last real token: a row without one (stopped) stays put.
+    last_B = jnp.max(jnp.where(valid, jnp.arange(t) + 1, 0), axis=1)
+    new_cache.update(valid=kv_valid, end=write_at + last_B, pos=pos[:, -1] + 1)
   return logits, aux, new_cache
 
 

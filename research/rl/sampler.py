@@ -10,9 +10,10 @@ The episodes of a turn step at once on a pool of threads (sandboxed episodes mos
 subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
 whatever the timing, and a raising episode takes the one fault path however it ran.
 
-Rows share the cache's write index (research/model/decode.py): a row that has stopped writes invalid
-slots, which attention ignores and which do not advance its positions, so each row sees exactly the
-contiguous sequence a full forward over its trajectory sees.
+Each row writes the cache from its own index (research/model/decode.py), which advances by the row's
+real tokens only: a row holds its trajectory back to back (its cache end is its trajectory's
+length), so the cache is sized by the longest row, and each row sees exactly the contiguous
+sequence a full forward over its trajectory sees.
 """
 
 from concurrent import futures
@@ -108,12 +109,12 @@ def _routes(aux, cfg: ModelConfig, b: int, t: int):
 
 
 def _shard_cache(cache):
-  """Lays the cache out by rows over the batch mesh axes (a no-op outside a mesh): valid and pos are
-  B x ..., the layer stacks L x B x ..., end a scalar."""
-  out = {k: constrain(cache[k], ('act_batch',)) for k in ('valid', 'pos')}
+  """Lays the cache out by rows over the batch mesh axes (a no-op outside a mesh): valid, pos and end
+  are B x ..., the layer stacks L x B x ...."""
+  out = {k: constrain(cache[k], ('act_batch',)) for k in ('valid', 'pos', 'end')}
   for k in cache.keys() - {'valid', 'pos', 'end'}:
     out[k] = jax.tree.map(lambda x: constrain(x, (None, 'act_batch')), cache[k])
-  return {**out, 'end': cache['end']}
+  return out
 
 
 def _replicated(x):
@@ -221,10 +222,9 @@ def _live(trajs: list[Trajectory]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class _Cache:
-  """The batch's KV cache, the logits after the last prefill and how many cache slots are written."""
+  """The batch's KV cache and the logits after the last prefill."""
   cache: Any
   logits_BxV: jax.Array | None
-  used: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +304,7 @@ class Sampler:
     """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
     t0 = time.perf_counter()
     trajs = self._trajectories(episodes, tasks, groups)
-    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len), None, 0)
+    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len), None)
     kv = self._prefill(params, kv, [t.tokens for t in trajs], trajs)
     replies, env_s = [], 0.0
     for turn in range(self.s.max_turns):
@@ -340,7 +340,7 @@ class Sampler:
       for r, row in enumerate(rows):
         if row:
           trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :len(row)].transpose(1, 0, 2))
-    return _Cache(cache, logits, kv.used + ids.shape[1])
+    return _Cache(cache, logits)
 
   def _budget(self, traj: Trajectory) -> int:
     """Tokens the row may sample this turn: the turn's budget within the trajectory's length limit."""
@@ -364,12 +364,13 @@ class Sampler:
     out = self._generate(params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
     cache = out.pop('cache')
     out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
-    kv = _Cache(cache, kv.logits_BxV, kv.used + int(out.n_B.max()))
+    kv = _Cache(cache, kv.logits_BxV)
     msgs = [self._message(trajs[r], out, r) for r in rows]
+    used = max(len(t.tokens) for t in trajs)  # The longest row's cache end.
     calls, env_s = self._env_calls([(episodes[r].step, m.text) for r, m in zip(rows, msgs)])
     replies = [None] * len(trajs)
     for r, m, call in zip(rows, msgs, calls):
-      replies[r] = self._reply(trajs[r], m, call, last, kv.used)
+      replies[r] = self._reply(trajs[r], m, call, last, used)
     cut = {r: rep.close for r, rep in enumerate(replies) if rep is not None and rep.close}
     if cut:
       env_s += self._close_rows(episodes, trajs, cut)
@@ -415,7 +416,11 @@ class Sampler:
             *chat.generation_prompt(tok)], cut
 
   def _over_context(self, traj: Trajectory, obs: list[int], used: int) -> str | None:
-    """'context' when the observation or the next message would not fit the length or the cache."""
+    """'context' when the observation or the next message would not fit the length or the cache.
+
+    used: the longest row's cache end; the next write (the widest observation, rounded up to the
+    bucket) starts at every row's own end.
+    """
     s = self.s
     if len(traj.tokens) + len(obs) >= s.max_len or (
         used + _round_up(len(obs), s.bucket) + s.max_turn_tokens > s.cache_len):

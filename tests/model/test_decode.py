@@ -46,3 +46,31 @@ def test_cache_holds_only_the_latent_for_mla():
   assert set(entry) == {'ckv', 'kpe'}
   assert entry['ckv'].shape == (2, 2, 16, MLA.kv_lora_rank)
   assert entry['kpe'].shape == (2, 2, 16, MLA.qk_rope_head_dim)
+
+
+@pytest.mark.parametrize('cfg', [GQA, MLA], ids=['gqa', 'mla'])
+def test_rows_keep_their_own_write_index(cfg):
+  """Chunks of different real lengths per row (right-padded; row 2 idle in the second): each row's
+  tokens sit back to back from slot 0, its end is its length, and every row's last logits equal a
+  full forward over its own tokens, in a cache only as long as the longest row plus one chunk."""
+  params = transformer.init(cfg, jax.random.key(0))
+  ids = np.asarray(jax.random.randint(jax.random.key(1), (3, 12), 0, cfg.vocab_size))
+  chunks = [[5, 2, 3], [4, 6, 0]]  # Real tokens per row in each chunk.
+  width = 6
+  cache = decode.init_cache(cfg, 3, max_len=9 + width)  # Longest row 9; a shared index would need 12.
+  done = [0, 0, 0]
+  step = jax.jit(lambda p, t, m, c: transformer.forward(p, t, cfg, segment_ids_BxT=m, cache=c))
+  for lens in chunks:
+    tokens, mask = np.zeros((3, width), np.int32), np.zeros((3, width), np.int32)
+    for r, n in enumerate(lens):
+      tokens[r, :n], mask[r, :n] = ids[r, done[r]:done[r] + n], 1
+      done[r] += n
+    logits, _, cache = step(params, jnp.asarray(tokens), jnp.asarray(mask), cache)
+    last = logits
+  np.testing.assert_array_equal(cache['end'], done)
+  for r, n in enumerate(done):
+    assert np.asarray(cache['valid'][r, :n]).all() and not np.asarray(cache['valid'][r, n:]).any()
+    full, _, _ = transformer.forward(params, jnp.asarray(ids[r:r + 1, :n]), cfg)
+    k = chunks[-1][r] - 1 if chunks[-1][r] else None
+    if k is not None:  # Row 2 wrote nothing in the last chunk.
+      np.testing.assert_allclose(last[r, k], full[0, -1], atol=1e-5, rtol=1e-5)

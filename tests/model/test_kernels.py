@@ -65,7 +65,7 @@ def test_prefill_and_decode_match_xla(impl):
 def test_tokamax_cache_mask_has_holes():
   """A cache's valid slots need not be one range: the mask tokamax gets equals ours, holes included."""
   kv_seg = jnp.asarray([[0, 1, 1, 0, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0, 1, 0]])
-  mask = kernels.MaskInfo(jnp.ones((2, 3), jnp.int32), kv_seg, 4 + jnp.arange(3), jnp.arange(8))
+  mask = kernels.MaskInfo(jnp.ones((2, 3), jnp.int32), kv_seg, jnp.asarray([[4, 5, 6], [2, 3, 4]]), jnp.arange(8))
   ours = mask.dense()
   theirs = kernels.tokamax_mask(mask, cached=True).as_array(3, 8)
   np.testing.assert_array_equal(jnp.broadcast_to(theirs, (2, 1, 3, 8))[:, 0], ours)
@@ -87,7 +87,7 @@ def test_blockwise_memory_does_not_hold_scores():
   b, t, h, d = 1, 2048, 2, 16
   q, k, v = (jax.ShapeDtypeStruct((b, t, h, d), jnp.float32) for _ in range(3))
   seg = jnp.ones((b, t), jnp.int32)
-  mask = kernels.MaskInfo(seg, seg, jnp.arange(t), jnp.arange(t))
+  mask = kernels.MaskInfo(seg, seg, jnp.arange(t)[None], jnp.arange(t))
 
   def temp_bytes(fn):
     loss = lambda q, k, v: jnp.sum(fn(q, k, v)[0] ** 2)
