@@ -22,9 +22,9 @@ import numpy as np
 from experiments import toolcalc_rl
 from research.rl import governance_report, loop, probe, report
 
-RENAME_STEP = 6                     # mul -> times from this RL step on.
-NEW_RULE_STEP = 12                  # renamed_mul registered (the evaluation at 11 is the "before").
-STEPS = 24
+RENAME_STEP = 5                     # mul -> times from this RL step on.
+NEW_RULE_STEP = 10                  # renamed_mul registered (the evaluation at 9 is the "before").
+STEPS = 20
 NEW_RULE = {'at': NEW_RULE_STEP, 'id': 'renamed_mul', 'version': 1,
             'when': {'error': 'unknown_tool', 'name': 'mul'}, 'hint': 'Reminder: available tools are {tools}'}
 ARMS = {
@@ -38,6 +38,7 @@ _JSON = flags.DEFINE_string('json', None, 'Where to write the results.')
 _WORKDIR = flags.DEFINE_string('workdir', '/tmp/governance', 'Runs go to WORKDIR/seed<k>/<arm>.')
 _WARM = flags.DEFINE_string('warm', '', 'A workdir holding warmstart/ (default: make one in WORKDIR).')
 _STEPS = flags.DEFINE_integer('steps', STEPS, 'RL steps per run.')
+_ONLY_SEED = flags.DEFINE_integer('only_seed', -1, 'Train only this seed (>= 0; to run seeds in parallel).')
 _ARMS = flags.DEFINE_list('arms', list(ARMS), 'Arms to train (empty: only collect the finished runs).')
 flags.mark_flags_as_required(['json'])
 
@@ -45,14 +46,14 @@ flags.mark_flags_as_required(['json'])
 def get_config(arm: str, steps: int = STEPS):
   c = toolcalc_rl.get_config()
   c.rl.steps = steps
-  c.rl.tasks_per_step = 8           # 32 rollouts a step (and 24 probe rows): minutes a run on 2 cores.
-  c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 11 (before the new rule), 22, end.
+  c.rl.tasks_per_step = 8           # 32 rollouts a step (and 18 probe rows): minutes a run on 2 cores.
+  c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 9 (before the new rule), 18, end.
   c.tensorboard = False
   c.critic.rules = ARMS[arm]
   c.env.renames = (f'{RENAME_STEP}:*:times',)
   g = c.governance
   g.enabled = True
-  g.probes_per_step = 3
+  g.probes_per_step, g.k = 3, 3
   g.new_rules = (json.dumps(NEW_RULE),)
   return c
 
@@ -111,12 +112,13 @@ def _warm(workdir: str, warm: str) -> str:
   return warm
 
 
-def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tuple[str, ...] = tuple(ARMS)) -> dict:
-  """Trains `arms` (none: only collect), then collects every arm's runs."""
+def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tuple[str, ...] = tuple(ARMS),
+        only_seed: int = -1) -> dict:
+  """Trains `arms` (none: only collect) for every seed (or `only_seed`), then collects every run."""
   if arms:
     warm = _warm(workdir, warm)
-  for arm in arms:
-    for s in range(seeds):
+  for s in range(seeds) if only_seed < 0 else [only_seed]:
+    for arm in arms:
       _run(arm, s, workdir, warm, steps)
   runs = {arm: {s: _collect(os.path.join(workdir, f'seed{s}', arm)) for s in range(seeds)} for arm in ARMS}
   g, w = runs['governed'], runs['without_rule']
@@ -146,7 +148,7 @@ def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tupl
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  res = run(_SEEDS.value, _WORKDIR.value, _WARM.value, _STEPS.value, tuple(_ARMS.value))
+  res = run(_SEEDS.value, _WORKDIR.value, _WARM.value, _STEPS.value, tuple(_ARMS.value), _ONLY_SEED.value)
   with open(_JSON.value, 'w') as f:
     json.dump(res, f, indent=1)
   for k in ('suspended_at_step', 'final_success_governed', 'final_success_governed_std',

@@ -145,6 +145,10 @@ class Episode:
       self.done_ops = k + 1
     return wrong
 
+  def from_here(self):
+    """Forgets the penalties so far (an efficacy probe scores the continuation of a replayed prefix)."""
+    self.invalid = self.repeats = 0
+
   def close(self, reason: str) -> Step:
     return self._score(None, kind='closed', reason=reason)
 

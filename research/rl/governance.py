@@ -5,10 +5,10 @@
     row = gov.step(step, trajs, valid, params, teacher_params, key)  # probes, decisions, drift
 
 Rules are versioned (research/rl/critics.py says how to write one, as data or as code). Each step:
-  1. Efficacy. For up to `probes_per_step` hinted positions still open (`still_open`; spread over the rules; a suspended
+  1. Efficacy. For up to `probes_per_step` hinted positions (spread over the rules; a suspended
      rule's at most once every `retest_every` steps), the prober re-samples `k` continuations from
-     the prefix with the hint and `k` without; the difference in success is one probe of that
-     rule@version, with the teacher's log-prob gain on the corrected token. The estimate is the mean
+     the prefix with the hint and `k` without; the difference in success (of the continuation: what
+     the prefix cost is forgiven) is one probe of that rule@version, with the teacher's log-prob gain on the corrected token. The estimate is the mean
      of the last `window` probes with a normal interval (mean +- z * standard error).
   2. Governance. An active rule whose interval lies below zero (after `min_probes`) is suspended: no
      hints, so no distillation from it; its window restarts, and the re-tests reinstate it when the
@@ -127,12 +127,6 @@ class PageHinkley:
     self.n, self.mean, self.m, self.m_min = 0, 0.0, 0.0, 0.0
 
 
-def still_open(traj: Trajectory, message: int) -> bool:
-  """No message before `message` drew an error: success is still possible, so a probe there can
-  tell a hint's effect (after an invalid call toolcalc's success is 0 whatever follows)."""
-  return not any(m.info.get('error') or m.info.get('error_type') for m in traj.messages[:message])
-
-
 _NUMBER = re.compile(r'-?\d+')
 
 
@@ -180,8 +174,7 @@ class Governance:
     """Probes this step's hints, decides, tests for drift. Returns the step's metrics."""
     if not self.c.enabled:
       return {}
-    open_ = [(i, fb) for i, fb in self._all if still_open(trajs[i], fb.message)]
-    chosen = self.choose(step, open_, np.random.default_rng([step, 7]))
+    chosen = self.choose(step, self._all, np.random.default_rng([step, 7]))
     if chosen and self.prober is not None:
       for p in self.prober(params, teacher_params, trajs, chosen, key):
         self.probes.setdefault(p.tag, collections.deque(maxlen=self.c.window)).append(p)

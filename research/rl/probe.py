@@ -3,7 +3,9 @@
 `Prober(...)(params, teacher_params, trajs, positions, key)` -> one governance.Probe per position.
 A position (rollout index, Feedback) is replayed: a fresh episode of the same task is stepped
 through the model messages before the target (the environment must be deterministic given the
-messages, as toolcalc is), its prompt becomes the conversation so far, and `k` continuations are
+messages, as toolcalc is), then `from_here()` forgives what the prefix cost (toolcalc: an earlier
+invalid call would make success 0 whatever follows, and most hints follow one), its prompt becomes
+the conversation so far, and `k` continuations are
 sampled from it with the hint as a system message before the target's turn (as the teacher sees it,
 trajectory.with_hint) and `k` without. All positions go in one rollout of a fixed row count, so it
 compiles once. The gain is the teacher's log-prob (teacher weights, with the hint) minus the
@@ -29,6 +31,9 @@ def replay(env, traj: Trajectory, message: int, hint: str | None):
     ep.step(m.text)
     conv.append({'role': 'assistant', 'content': m.text})
     conv.append({'role': 'tool', 'content': traj.observations[j]})
+  if not hasattr(ep, 'from_here'):
+    raise TypeError(f'{type(ep).__name__}: efficacy probes need an episode with from_here() (env_toolcalc)')
+  ep.from_here()
   ep.prompt = conv + ([{'role': 'system', 'content': hint}] if hint is not None else [])
   return ep
 

@@ -193,7 +193,12 @@ def test_replay_reaches_the_same_state():
   assert ep.prompt[1:5] == [{'role': 'assistant', 'content': 'plus(3,4)'}, {'role': 'tool', 'content': '7'}] * 2
   assert ep.step('mul(7,2)').info == t.messages[2].info
   step = ep.step('ans(14)')
-  assert (step.reward, step.success) == (t.reward, t.success) == (0.75, True)
+  assert (t.reward, t.success) == (0.75, True) and (step.reward, step.success) == (1.0, True)  # Prefix forgiven.
+  # After an invalid call the continuation can still succeed: the probe scores what follows.
+  bad = _traj(env.reset(task), ['add(3,4)', 'plus(3,4)', 'mul(7,2)', 'ans(14)'])
+  assert not bad.success
+  ep = probe.replay(env, bad, 1, None)
+  assert [ep.step(m).success for m in ('plus(3,4)', 'mul(7,2)', 'ans(14)')] == [False, False, True]
 
 
 def _records():
@@ -234,3 +239,43 @@ def test_report_table_and_plot(tmp_path):
   assert '| r@1 | 8 | 4 | -0.50 [-0.90, -0.10] | +2.00 | suspended at 3 |' in text
   assert '| 4 | `unknown_tool\\|mul\\|mul(#,#)` | 0.30 |' in text
   assert os.path.getsize(tmp_path / 'governance.png') > 10_000
+
+
+def test_governed_loop_probes_and_viewer_divergence(tmp_path):
+  """Two governed RL steps of a tiny model: real probes per rule@version; the viewer's per-token KL
+  equals one computed from a hinted forward of the teacher and a plain forward of the policy."""
+  import jax
+  from experiments import toolcalc_rl
+  from research.model import transformer
+  from research.rl import loop, losses
+  from research.rl.trajectory import with_hint
+  c = toolcalc_rl.get_config()
+  m = c.model
+  m.d_model, m.head_dim, m.num_heads, m.num_kv_heads, m.d_expert = 32, 16, 2, 1, 32
+  c.sft.steps, c.sft.batch_size = 4, 8
+  c.rl.steps, c.rl.tasks_per_step, c.rl.group_size = 2, 4, 2
+  c.sampler.max_turns, c.sampler.max_turn_tokens, c.sampler.max_len = 3, 12, 96
+  c.eval.every, c.eval.num_tasks, c.tensorboard = 2, 4, False
+  c.env.max_ops = 1
+  c.critic.rules = ('unknown_tool', 'wrong_tool', 'malformed_call')  # An untrained model is malformed.
+  c.governance.enabled, c.governance.probes_per_step, c.governance.k = True, 2, 2
+  runner = loop.Runner(c, str(tmp_path))
+  runner.run()
+  rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  probed = [k for k in rows[-1] if k.startswith('gov/') and k.endswith('/probes') and rows[-1][k] > 0]
+  assert probed and all(0 <= rows[-1][k.replace('probes', 'active')] <= 1 for k in probed)
+  ro = runner._rollouts(3, runner.params)
+  assert ro.feedback
+  teacher = runner.teacher.params(runner.params)
+  recs = probe.viewer_records(runner.sampler, runner.params, teacher, ro.trajs, ro.feedback[:1], 1)
+  i, fb = ro.feedback[0]
+  t, msg = ro.trajs[i], ro.trajs[i].messages[fb.message]
+  ctx = with_hint(runner.tok, t, fb.message, fb.hint)
+  lt = losses.tempered_log_softmax(transformer.forward(teacher, np.array([ctx.tokens]), runner.cfg)[0][0], 1.0)
+  ls = losses.tempered_log_softmax(transformer.forward(runner.params, np.array([t.tokens]), runner.cfg)[0][0], 1.0)
+  n = min(msg.end - msg.start, c.sampler.max_turn_tokens)
+  pt, ps = lt[ctx.target[0] - 1:ctx.target[0] - 1 + n], ls[msg.start - 1:msg.start - 1 + n]
+  ref = np.asarray((jax.numpy.exp(pt) * (pt - ps)).sum(-1))
+  tokens = next(tr['tokens'] for tr in recs[0]['turns'] if 'tokens' in tr)
+  np.testing.assert_allclose([d for _, d in tokens], ref, rtol=1e-3, atol=1e-4)
+  assert recs[0]['turns'][fb.message * 2]['rule'] == fb.tag
