@@ -32,6 +32,11 @@ ARMS = {
     'without_rule': ('renamed_add', 'wrong_tool'),
 }
 HARMFUL = 'repeated_call@1'
+# A hint known to hurt, registered by config from step 1: on every call of `mul` (right ones too), a
+# reminder listing a wrong name for it. Its own arm (--arms=stale_hint), on the seeds it was run for.
+STALE_RULE = {'at': 1, 'id': 'stale_mul', 'version': 1, 'when': {'kind': 'call', 'name': 'mul'},
+              'hint': 'Reminder: available tools are +:plus -:sub *:prod'}
+EXTRA_ARMS = {'stale_hint': ARMS['without_rule']}
 
 _SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per arm.')
 _JSON = flags.DEFINE_string('json', None, 'Where to write the results.')
@@ -49,12 +54,12 @@ def get_config(arm: str, steps: int = STEPS):
   c.rl.tasks_per_step = 8           # 32 rollouts a step (and 18 probe rows): minutes a run on 2 cores.
   c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 9 (before the new rule), 18, end.
   c.tensorboard = False
-  c.critic.rules = ARMS[arm]
+  c.critic.rules = {**ARMS, **EXTRA_ARMS}[arm]
   c.env.renames = (f'{RENAME_STEP}:*:times',)
   g = c.governance
   g.enabled = True
   g.probes_per_step, g.k = 3, 3
-  g.new_rules = (json.dumps(NEW_RULE),)
+  g.new_rules = (json.dumps(NEW_RULE),) + ((json.dumps(STALE_RULE),) if arm == 'stale_hint' else ())
   return c
 
 
@@ -75,14 +80,14 @@ def _run(arm: str, seed: int, workdir: str, warm: str, steps: int):
   _viewer(runner, wd, steps)
 
 
-def _collect(wd: str) -> dict:
+def _collect(wd: str, harmful: str = HARMFUL) -> dict:
   """The numbers of one finished run."""
   rows = report.read_metrics(os.path.join(wd, 'metrics.jsonl'))
   log = governance_report.read_log(os.path.join(wd, 'governance.jsonl'))
   with open(os.path.join(wd, 'summary.json')) as f:
     summary = json.load(f)
   evals = {int(r['step']): r['eval_success'] for r in rows if 'eval_success' in r}
-  suspended = [d['step'] for d in log if d.get('decision') == 'suspended' and d['rule'] == HARMFUL]
+  suspended = [d['step'] for d in log if d.get('decision') == 'suspended' and d['rule'] == harmful]
   drift = [e['step'] for e in log if e['kind'] == 'drift' and e['signature'].startswith('unknown_tool|mul|')]
   before_rule = max(s for s in evals if s < NEW_RULE_STEP)
   return {'final_success': summary['after'], 'eval_success': evals,
@@ -121,6 +126,8 @@ def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tupl
     for arm in arms:
       _run(arm, s, workdir, warm, steps)
   runs = {arm: {s: _collect(os.path.join(workdir, f'seed{s}', arm)) for s in range(seeds)} for arm in ARMS}
+  stale = {s: _collect(os.path.join(workdir, f'seed{s}', 'stale_hint'), 'stale_mul@1') for s in range(seeds)
+           if os.path.exists(os.path.join(workdir, f'seed{s}', 'stale_hint', 'summary.json'))}
   g, w = runs['governed'], runs['without_rule']
   finals = {arm: [r['final_success'] for r in v.values()] for arm, v in runs.items()}
   flagged = [r['drift_flagged_at_step'] for v in runs.values() for r in v.values()]
@@ -139,6 +146,8 @@ def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tupl
       'success_before_new_rule': float(np.mean([r['success_before_new_rule'] for v in runs.values() for r in v.values()])),
       'success_after_new_rule': float(np.mean([r['success_after_new_rule'] for v in runs.values() for r in v.values()])),
       'runs': runs,
+      'stale_hint': {'rule': STALE_RULE, 'runs': stale,
+                     'suspended_at_step_per_seed': {s: r['suspended_at_step'] for s, r in stale.items()}},
   }
   out['governed_within_one_std'] = bool(abs(out['final_success_governed'] - out['final_success_without_rule'])
                                         <= out['final_success_without_rule_std'])

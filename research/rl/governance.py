@@ -8,8 +8,9 @@ Rules are versioned (research/rl/critics.py says how to write one, as data or as
   1. Efficacy. For up to `probes_per_step` hinted positions (spread over the rules; a suspended
      rule's at most once every `retest_every` steps), the prober re-samples `k` continuations from
      the prefix with the hint and `k` without; the difference in success (of the continuation: what
-     the prefix cost is forgiven) is one probe of that rule@version, with the teacher's log-prob gain on the corrected token. The estimate is the mean
-     of the last `window` probes with a normal interval (mean +- z * standard error).
+     the prefix cost is forgiven) is one probe of that rule@version, with the teacher's log-prob
+     gain on the corrected token. The estimate is the mean of the last `window` probes with a
+     normal interval (mean +- z * standard error).
   2. Governance. An active rule whose interval lies below zero (after `min_probes`) is suspended: no
      hints, so no distillation from it; its window restarts, and the re-tests reinstate it when the
      interval lies above zero. Every decision goes to workdir/governance.jsonl with its evidence.
