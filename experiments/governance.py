@@ -22,9 +22,9 @@ import numpy as np
 from experiments import toolcalc_rl
 from research.rl import governance_report, loop, probe, report
 
-RENAME_STEP = 5                     # mul -> times from this RL step on.
-NEW_RULE_STEP = 10                  # renamed_mul registered (the evaluation at 9 is the "before").
-STEPS = 20
+RENAME_STEP = 4                     # mul -> times from this RL step on.
+NEW_RULE_STEP = 8                   # renamed_mul registered (the evaluation at 7 is the "before").
+STEPS = 16
 NEW_RULE = {'at': NEW_RULE_STEP, 'id': 'renamed_mul', 'version': 1,
             'when': {'error': 'unknown_tool', 'name': 'mul'}, 'hint': 'Reminder: available tools are {tools}'}
 ARMS = {
@@ -52,7 +52,7 @@ def get_config(arm: str, steps: int = STEPS):
   c = toolcalc_rl.get_config()
   c.rl.steps = steps
   c.rl.tasks_per_step = 8           # 32 rollouts a step (and 18 probe rows): minutes a run on 2 cores.
-  c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 9 (before the new rule), 18, end.
+  c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 7 (before the new rule), 14, end.
   c.tensorboard = False
   c.critic.rules = {**ARMS, **EXTRA_ARMS}[arm]
   c.env.renames = (f'{RENAME_STEP}:*:times',)

@@ -8,7 +8,7 @@ invalid call would make success 0 whatever follows, and most hints follow one), 
 the conversation so far, and `k` continuations are
 sampled from it with the hint as a system message before the target's turn (as the teacher sees it,
 trajectory.with_hint) and `k` without. All positions go in one rollout of a fixed row count, so it
-compiles once. The gain is the teacher's log-prob (teacher weights, with the hint) minus the
+compiles once; a position whose hinted prefix leaves no room for a message is not probed. The gain is the teacher's log-prob (teacher weights, with the hint) minus the
 student's (current weights, without it) of the corrected token: the first token where the first
 hinted continuation leaves the original message (0 when it writes the same message again).
 """
@@ -47,7 +47,9 @@ class Prober:
 
   def __call__(self, params, teacher_params, trajs: list[Trajectory], positions: list[tuple[int, Feedback]],
                key) -> list[Probe]:
-    positions = positions[:self.slots]
+    positions = [p for p in positions if self._fits(trajs[p[0]], p[1])][:self.slots]
+    if not positions:
+      return []
     episodes = [replay(self.env, trajs[i], fb.message, hint)
                 for i, fb in positions for hint in [fb.hint] * self.k + [None] * self.k]
     rows = 2 * self.k * self.slots
@@ -58,6 +60,11 @@ class Prober:
     gains = self._gains(params, teacher_params, trajs, positions, out[::2 * self.k])
     return [Probe(fb.tag, float(ok[j, 0].mean()), float(ok[j, 1].mean()), gains[j])
             for j, (_, fb) in enumerate(positions)]
+
+  def _fits(self, traj: Trajectory, fb: Feedback) -> bool:
+    """The hinted prefix, rendered from text, leaves room for a message within sampler.max_len."""
+    ctx = chat.render(self.tok, replay(self.env, traj, fb.message, fb.hint).prompt, add_generation_prompt=True)[0]
+    return len(ctx) + self.s.max_turn_tokens <= self.s.max_len
 
   def _gains(self, params, teacher_params, trajs, positions, hinted: list[Trajectory]) -> list[float]:
     """Teacher (hinted) minus student (plain) log-prob of each position's corrected token."""

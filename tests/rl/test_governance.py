@@ -279,3 +279,19 @@ def test_governed_loop_probes_and_viewer_divergence(tmp_path):
   tokens = next(tr['tokens'] for tr in recs[0]['turns'] if 'tokens' in tr)
   np.testing.assert_allclose([d for _, d in tokens], ref, rtol=1e-3, atol=1e-4)
   assert recs[0]['turns'][fb.message * 2]['rule'] == fb.tag
+
+
+def test_probe_skips_prefixes_that_leave_no_room():
+  """A hinted prefix rendered from text can outgrow sampler.max_len: such a position is not probed."""
+  from research.model.config import ModelConfig
+  from research.rl.sampler import Sampler, SamplerConfig
+  from research.tokenizer.base import ByteTokenizer
+  tok = ByteTokenizer(tc.WORDS)
+  # Hinted prefixes of 70, 101 and 113 tokens; a message needs 8 more.
+  sampler = Sampler(ModelConfig(vocab_size=280), tok, SamplerConfig(max_len=100, max_turn_tokens=8))
+  prober = probe.Prober(sampler, tc.ToolCalc(), k=2, probes_per_step=2)
+  t = _traj(tc.ToolCalc().reset(tc.Task((3, 4, 2), ('+', '*'))), ['add(3,4)', 'sub(3,4)', 'add(3,4)', 'ans(7)'])
+  fb = critics.Critic(['unknown_tool', 'wrong_tool'])(t)
+  fits = [prober._fits(t, f) for f in fb]
+  assert [f.message for f in fb] == [0, 1, 2] and fits == [True, False, False]
+  assert prober(None, None, [t], [(0, f) for f in fb[1:]], None) == []  # Nothing sampled, no error.
