@@ -33,7 +33,8 @@ ARMS = {
 }
 HARMFUL = 'repeated_call@1'
 # A hint known to hurt, registered by config from step 1: on every call of `mul` (right ones too), a
-# reminder listing a wrong name for it. Its own arm (--arms=stale_hint), on the seeds it was run for.
+# reminder listing a wrong name for it. Its own arm (--arms=stale_hint, no rename: after `mul` is
+# renamed neither continuation can call it, and the probes read 0), on the seeds it was run for.
 STALE_RULE = {'at': 1, 'id': 'stale_mul', 'version': 1, 'when': {'kind': 'call', 'name': 'mul'},
               'hint': 'Reminder: available tools are +:plus -:sub *:prod'}
 EXTRA_ARMS = {'stale_hint': ARMS['without_rule']}
@@ -55,7 +56,7 @@ def get_config(arm: str, steps: int = STEPS):
   c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 7 (before the new rule), 14, end.
   c.tensorboard = False
   c.critic.rules = {**ARMS, **EXTRA_ARMS}[arm]
-  c.env.renames = (f'{RENAME_STEP}:*:times',)
+  c.env.renames = () if arm == 'stale_hint' else (f'{RENAME_STEP}:*:times',)
   g = c.governance
   g.enabled = True
   g.probes_per_step, g.k = 3, 3
