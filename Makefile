@@ -8,9 +8,11 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
 .PHONY: test demo demo-repo install sysdeps clean bazel-test gpu-aot
 
-# System packages some tests need (bubblewrap for the grading sandbox); installed through apt.
+# System packages some tests need (bubblewrap for the grading sandbox, chromium for the rollout
+# viewer test); installed through apt.
 sysdeps:
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)

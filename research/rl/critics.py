@@ -1,16 +1,26 @@
 """Critics: find the wrong step of a finished trajectory and write the hint for it.
 
-A rule maps a trajectory to zero or more `Feedback(message, hint, rule)`: the index of the target
-model message and the text to insert before it. Rules are registered, named objects; a config lists
-the names to use. A message gets at most one hint (the first rule in the list that claims it), so
-per-rule statistics attribute each distillation target to one rule.
-Rules read what the environment made of each message (`Message.info`), never re-parse the tokens.
+A rule maps a trajectory to zero or more `Feedback(message, hint, rule, version)`: the index of the
+target model message and the text to insert before it; `fb.tag` is 'rule@version'. A message gets at
+most one hint (the first rule in the config's list that claims it), so per-rule statistics attribute
+each distillation target to one rule. Rules read what the environment made of each message
+(`Message.info`), never re-parse the tokens.
+
+Rules are versioned. Writing one (any environment's, repo critics too):
+  * as data: `register(Template(RuleSpec(id, version, when, hint)))`: it fires on a message whose info
+    has every item of `when` (a value `True` asks only that the key be truthy), and its hint is
+    `hint.format(**info)`. `RuleSpec.from_json` reads one from a config string.
+  * as code: a `Rule` subclass with `name`, `version` and `hint(info, traj, i)`.
+Changing what a rule says or when it fires means a new version: `revise(id, hint=...)` registers
+version + 1 (the registry refuses a second, different id@version), and the metrics and hints of a
+run carry the version. `REGISTRY[id]` is the newest version; `VERSIONS` keeps every one.
 `JudgeCritic` is the interface for a model-based critic: any callable from a prompt to a reply.
 """
 
 import dataclasses
+import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from research import configs
 from research.rl.trajectory import Trajectory
@@ -21,52 +31,114 @@ class Feedback:
   message: int                      # Index into trajectory.messages.
   hint: str
   rule: str
+  version: int = 1
+
+  @property
+  def tag(self) -> str:
+    return f'{self.rule}@{self.version}'
 
 
 class Rule:
   name: str = ''
+  version: int = 1
 
   def __call__(self, traj: Trajectory) -> list[Feedback]:
-    return [Feedback(i, h, self.name) for i, m in enumerate(traj.messages)
+    return [Feedback(i, h, self.name, self.version) for i, m in enumerate(traj.messages)
             if (h := self.hint(m.info, traj, i)) is not None]
 
   def hint(self, info: dict, traj: Trajectory, i: int) -> str | None:
     raise NotImplementedError
 
+  def content(self) -> str:
+    """What a version pins (a data rule's trigger and text; a code rule's class)."""
+    return type(self).__qualname__
+
 
 REGISTRY: dict[str, Rule] = {}
+VERSIONS: dict[str, Rule] = {}      # 'id@version' -> rule, every version ever registered.
 
 
 def register(rule: Rule) -> Rule:
-  if not rule.name or rule.name in REGISTRY:
-    raise ValueError(f'rule {type(rule).__name__}: needs a unique name, got {rule.name!r}')
-  REGISTRY[rule.name] = rule
+  """Adds a rule; a known id needs a higher version (which becomes REGISTRY's) or the same content."""
+  tag = f'{rule.name}@{rule.version}'
+  if not rule.name or rule.version < 1:
+    raise ValueError(f'rule {type(rule).__name__}: needs a name and a version >= 1, got {tag!r}')
+  old = REGISTRY.get(rule.name)
+  if tag in VERSIONS or (old is not None and old.version >= rule.version):
+    same = tag in VERSIONS and VERSIONS[tag].content() == rule.content()
+    raise ValueError(f'rule {tag}: ' + ('already registered' if same else
+                     f'{rule.name}@{old.version} exists; a changed rule needs a higher version'))
+  REGISTRY[rule.name] = VERSIONS[tag] = rule
   return rule
 
 
 class OnInfo(Rule):
   """Claims a message whose `info` satisfies `when`; the hint is `say(info)`."""
 
-  def __init__(self, name: str, when: Callable[[dict], object], say: Callable[[dict], str]):
-    self.name, self.when, self.say = name, when, say
+  def __init__(self, name: str, when: Callable[[dict], object], say: Callable[[dict], str], version: int = 1):
+    self.name, self.when, self.say, self.version = name, when, say, version
 
   def hint(self, info, traj, i):
     return self.say(info) if self.when(info) else None
 
 
-def _tools_reminder(info: dict) -> str:
-  return f'Reminder: available tools are {info["tools"]}'
+@dataclasses.dataclass(frozen=True)
+class RuleSpec:
+  """A rule as data: id, version, trigger (info items a message must have) and hint template."""
+  id: str
+  version: int
+  when: Mapping[str, object]
+  hint: str
+
+  @classmethod
+  def from_json(cls, text: str) -> 'RuleSpec':
+    """'{"id": .., "version": .., "when": {..}, "hint": ..}' (other keys are the caller's)."""
+    d = json.loads(text)
+    missing = [k for k in ('id', 'version', 'when', 'hint') if k not in d]
+    if missing or not isinstance(d['when'], dict) or not d['when']:
+      raise ValueError(f'rule spec {text!r}: needs id, version, a non-empty when and hint; missing {missing}')
+    return cls(str(d['id']), int(d['version']), dict(d['when']), str(d['hint']))
 
 
-# A call to a tool that does not exist (renamed since the warm start, or invented).
-register(OnInfo('unknown_tool', lambda info: info.get('error') == 'unknown_tool', _tools_reminder))
-# A real tool, but not the operation this step of the problem needs (the critic knows the task).
-register(OnInfo('wrong_tool', lambda info: info.get('wrong_op'), _tools_reminder))
-register(OnInfo('malformed_call', lambda info: info.get('error') == 'malformed',
-                lambda info: 'Write name(a,b) or ans(x).'))
-# The same call again: no new information, a stall.
-register(OnInfo('repeated_call', lambda info: info.get('repeat'),
-                lambda info: f'{info["message"]} was already called; use its result.'))
+class Template(Rule):
+  """The rule a RuleSpec describes."""
+
+  def __init__(self, spec: RuleSpec):
+    self.spec, self.name, self.version = spec, spec.id, spec.version
+
+  def hint(self, info, traj, i):
+    hit = all(info.get(k) if v is True else info.get(k) == v for k, v in self.spec.when.items())
+    return self.spec.hint.format(**info) if hit else None
+
+  def content(self) -> str:
+    return json.dumps([dict(self.spec.when), self.spec.hint], sort_keys=True)
+
+
+def revise(rule_id: str, *, hint: str | None = None, when: Mapping[str, object] | None = None) -> Template:
+  """A data rule's next version, with a new text and/or trigger (registered, and REGISTRY's from now)."""
+  old = REGISTRY[rule_id]
+  if not isinstance(old, Template):
+    raise ValueError(f'rule {rule_id!r} is code ({type(old).__name__}); revise its class and version')
+  spec = old.spec
+  return register(Template(RuleSpec(rule_id, spec.version + 1, spec.when if when is None else when,
+                                    spec.hint if hint is None else hint)))
+
+
+_REMINDER = 'Reminder: available tools are {tools}'
+# toolcalc's rules, as data. The texts are what env_toolcalc's demonstrations teach.
+TOOLCALC_RULES = (
+    # A call to a tool that does not exist (renamed since the warm start, or invented).
+    RuleSpec('unknown_tool', 1, {'error': 'unknown_tool'}, _REMINDER),
+    # The same reminder for one renamed tool only (the library as written for add -> plus).
+    RuleSpec('renamed_add', 1, {'error': 'unknown_tool', 'name': 'add'}, _REMINDER),
+    # A real tool, but not the operation the step it attempts needs (the critic knows the task).
+    RuleSpec('wrong_tool', 1, {'wrong_op': True}, _REMINDER),
+    RuleSpec('malformed_call', 1, {'error': 'malformed'}, 'Write name(a,b) or ans(x).'),
+    # The same call again: no new information, a stall.
+    RuleSpec('repeated_call', 1, {'repeat': True}, '{message} was already called; use its result.'),
+)
+for _spec in TOOLCALC_RULES:
+  register(Template(_spec))
 register(OnInfo('import_error', lambda info: info.get('error_type') in ('ImportError', 'ModuleNotFoundError'),
                 lambda info: 'Check the import statement here.'))
 
@@ -126,7 +198,7 @@ class RunErrorAtEdit(Rule):
     for i, m in enumerate(traj.messages):
       err = m.info.get('run_error')
       if err and (h := REGISTRY[self.base].hint(err, traj, i)) is not None:
-        out.append(Feedback(self.culprit(traj, i, err['error']), h, self.name))
+        out.append(Feedback(self.culprit(traj, i, err['error']), h, self.name, self.version))
     return out
 
   @staticmethod
@@ -156,11 +228,14 @@ class Critic:
   def names(self) -> list[str]:
     return [r.name for r in self.rules]
 
-  def __call__(self, traj: Trajectory) -> list[Feedback]:
+  def __call__(self, traj: Trajectory, skip: Collection[str] = ()) -> list[Feedback]:
+    """The hints of every rule whose tag ('rule@version') is not in `skip` (suspended ones)."""
     if traj.fault is not None:
       return []
     out, taken = [], set()
     for rule in self.rules:
+      if f'{rule.name}@{rule.version}' in skip:
+        continue
       for fb in rule(traj):
         if fb.message not in taken and 0 <= fb.message < len(traj.messages):
           taken.add(fb.message)
@@ -219,5 +294,5 @@ class JudgeCritic(Rule):
       if m is None or int(m.group(1)) >= len(traj.messages):
         self.errors += 1
         continue
-      out.append(Feedback(int(m.group(1)), m.group(2)[:self.max_hint_chars], self.name))
+      out.append(Feedback(int(m.group(1)), m.group(2)[:self.max_hint_chars], self.name, self.version))
     return out

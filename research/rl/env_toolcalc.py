@@ -85,13 +85,27 @@ class Episode:
     self.by_name = {name: op for op, name in tools.items()}
     self.prompt = prompt(task, tools)
     self.calls: list[str] = []
-    self.invalid = self.invalid_calls = self.repeats = self.messages = 0
+    self.invalid = self.repeats = self.messages = self.done_ops = 0
 
   def _score(self, answer: int | None, **info) -> Step:
     right = answer is not None and answer == self.task.answer
     reward = (SOLVED * right + INVALID * (self.invalid > 0) + NO_ANSWER * (answer is None)
               + REPEAT * self.repeats)
-    return Step(None, True, reward, right and not self.invalid, info)
+    return Step(None, True, reward, right and not self.invalid, {**info, 'grade': self._grade(answer, right)})
+
+  def _grade(self, answer: int | None, right: bool) -> str:
+    """Why the episode scored what it did, in words (the rollout viewer shows it)."""
+    said = ('no answer' if answer is None else
+            f'answer {answer} ' + ('right' if right else f'wrong (expected {self.task.answer})'))
+    costs = ([f'{self.invalid} invalid message(s)'] * bool(self.invalid)
+             + [f'{self.repeats} repeated call(s)'] * bool(self.repeats))
+    return '; '.join([said, *costs])
+
+  def _step_of(self, b: int) -> int:
+    """The problem step a call attempts: the first from the current one on whose operand it uses
+    (a wrong-operation call leaves the current step where it was), else the current step."""
+    later = [k for k in range(self.done_ops, len(self.task.ops)) if self.task.numbers[k + 1] == b]
+    return later[0] if later else self.done_ops
 
   def step(self, message: str) -> Step:
     text = message.strip()
@@ -111,33 +125,65 @@ class Episode:
       self.calls.append(text)
       if name not in self.by_name:
         self.invalid += 1
-        self.invalid_calls += 1
         info['error'] = 'unknown_tool'
         obs = f'error: unknown tool {name}'
       else:
-        k = len(self.calls) - 1 - self.invalid_calls
-        info['wrong_op'] = k >= len(self.task.ops) or self.by_name[name] != self.task.ops[k]
+        info['wrong_op'] = self._wrong_op(self.by_name[name], b, info['repeat'])
         obs = str(_OPS[self.by_name[name]](a, b))
     if self.messages >= self.max_messages:
       return self._score(None, **info)
     return Step(obs, False, 0.0, False, info)
 
+  def _wrong_op(self, op: str, b: int, repeat: bool) -> bool:
+    """A real tool for another operation than the step it attempts needs; a repeat is not one
+    (repeated_call's case), and only a right call moves the step on."""
+    if repeat:
+      return False
+    k = self._step_of(b)
+    wrong = k >= len(self.task.ops) or op != self.task.ops[k]
+    if not wrong:
+      self.done_ops = k + 1
+    return wrong
+
+  def from_here(self):
+    """Forgets the penalties so far (an efficacy probe scores the continuation of a replayed prefix)."""
+    self.invalid = self.repeats = 0
+
   def close(self, reason: str) -> Step:
     return self._score(None, kind='closed', reason=reason)
 
 
+def parse_rename(spec: str) -> tuple[int, str, str]:
+  """'STEP:OP:NAME' (e.g. '12:*:times'): from RL step STEP on, operation OP is called NAME."""
+  parts = spec.split(':')
+  if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in _OPS or parts[2] not in WORDS:
+    raise ValueError(f'toolcalc rename {spec!r}: expected STEP:OP:NAME with OP in {sorted(_OPS)} and '
+                     f'NAME one of the tool words {WORDS}')
+  return int(parts[0]), parts[1], parts[2]
+
+
 class ToolCalc:
-  """Tasks with 1..max_ops operations on operands 1..max_operand; `tools` maps op -> tool name."""
+  """Tasks with 1..max_ops operations on operands 1..max_operand; `tools` maps op -> tool name.
+
+  `renames` ('STEP:OP:NAME', parse_rename) drift the tools mid-run: `at_step(step)` sets the tools of
+  that RL step (the loop calls it before each step's rollouts, so evaluations see them too).
+  """
   name = 'toolcalc'
   words = WORDS  # Whole-word tokens for a tokenizer that wants them (`env.word_tokens`).
 
   def __init__(self, tools: dict | None = None, max_ops: int = 3, max_operand: int = 9,
-               extra_messages: int = 2):
+               extra_messages: int = 2, renames: tuple[str, ...] = ()):
     self.tools = dict(RL_TOOLS if tools is None else tools)
     unknown = sorted(set(self.tools) - set(_OPS))
     if unknown:
       raise ValueError(f'toolcalc tools: unknown operation(s) {unknown}; known: {sorted(_OPS)}')
     self.max_ops, self.max_operand, self.extra = max_ops, max_operand, extra_messages
+    self.base_tools, self.renames = dict(self.tools), sorted(parse_rename(r) for r in renames)
+
+  def at_step(self, step: int) -> dict:
+    """The tools from RL step `step` on: the base tools with every rename due by then."""
+    self.tools = {**self.base_tools, **{op: name for at, op, name in self.renames if at <= step}}
+    return self.tools
 
   def sample_task(self, rng: np.random.Generator) -> Task:
     k = int(rng.integers(1, self.max_ops + 1))
@@ -159,8 +205,8 @@ def demonstrations(rng: np.random.Generator, n: int, *, tools: dict = WARM_TOOLS
                    hint_fraction: float = 0.3, max_ops: int = 3, max_operand: int = 9) -> list[list[dict]]:
   """Warm-start conversations: ideal solutions with `tools`, and hint-conditioned examples.
 
-  A hinted example ends with a hint (the exact text the critic rule writes) and the message the hint
-  asks for, the only trained message: `rename` (the reminder lists tools renamed from NAME_POOL; the
+  A hinted example ends with a hint (the exact text the critic rule writes; the message names the
+  rule@version it was made with, key 'rule') and the message the hint asks for, the only trained message: `rename` (the reminder lists tools renamed from NAME_POOL; the
   prompt lists either the old or the new names), `malformed`, and `repeat` (after a stall). Half of
   them show the failed attempt and the environment's error before the hint. Half of the plain
   demonstrations list NAME_POOL names for the operations their problem does not use.
@@ -192,7 +238,7 @@ def demonstrations(rng: np.random.Generator, n: int, *, tools: dict = WARM_TOOLS
         old = turns[k][0]
         conv += [{'role': 'assistant', 'content': old},
                  {'role': 'tool', 'content': f'error: unknown tool {tools[task.ops[k]]}'}]
-      hint = rules['unknown_tool'].hint({'error': 'unknown_tool', 'tools': listing(new)}, None, k)
+      rule, info = rules['unknown_tool'], {'error': 'unknown_tool', 'tools': listing(new)}
       target = solution(task, new)[k][0]
     elif kind == 'malformed':
       k = int(rng.integers(len(turns)))
@@ -202,15 +248,16 @@ def demonstrations(rng: np.random.Generator, n: int, *, tools: dict = WARM_TOOLS
         bad = rng.choice([good.replace(',', ' '), good.replace('(', ' '), good[:-1], ''])
         conv += [{'role': 'assistant', 'content': str(bad)},
                  {'role': 'tool', 'content': 'error: malformed'}]
-      hint = rules['malformed_call'].hint({'error': 'malformed'}, None, k)
+      rule, info = rules['malformed_call'], {'error': 'malformed'}
       target = turns[k][0]
     else:
       k = int(rng.integers(1, len(turns)))
       _turns(conv, turns, k, False)
       prev, obs = turns[k - 1]
       conv += [{'role': 'assistant', 'content': prev}, {'role': 'tool', 'content': obs}]
-      hint = rules['repeated_call'].hint({'repeat': True, 'message': prev}, None, k)
+      rule, info = rules['repeated_call'], {'repeat': True, 'message': prev}
       target = turns[k][0]
-    conv += [{'role': 'system', 'content': hint}, {'role': 'assistant', 'content': target, 'loss': True}]
+    conv += [{'role': 'system', 'content': rule.hint(info, None, k), 'rule': f'{rule.name}@{rule.version}'},
+             {'role': 'assistant', 'content': target, 'loss': True}]
     out.append(conv)
   return out

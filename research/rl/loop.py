@@ -41,7 +41,9 @@ from research.model import config as model_config
 from research.model import transformer
 from research.rl import critics as critics_lib
 from research.rl import env_pyfunc, env_repo, env_toolcalc, logprobs, losses, repo_oracle, sft, teacher as teacher_lib
+from research.rl import governance, probe
 from research.rl.critics import CriticConfig, Feedback
+from research.rl.governance import GovernanceConfig
 from research.rl.sampler import RolloutStats, Sampler, SamplerConfig
 from research.rl.sft import SFTConfig
 from research.rl.teacher import TeacherConfig
@@ -74,6 +76,7 @@ class EnvConfig:
   max_ops: int = 2                  # toolcalc: operations per problem (1..max_ops).
   max_operand: int = 9              # toolcalc: largest operand.
   word_tokens: bool = True          # Tool names are one token each (as in a BPE vocabulary), not bytes.
+  renames: tuple[str, ...] = ()     # toolcalc: drift mid-run, 'STEP:OP:NAME' (e.g. '12:*:times').
   tasks: str = ''                   # repo: a task file of launch.make_tasks; empty: the fixture's, made in the workdir.
   repo: env_repo.Settings = dataclasses.field(default_factory=env_repo.Settings)  # repo: turns, limits, syntax.
 
@@ -82,6 +85,11 @@ class EnvConfig:
       raise configs.invalid(path + 'name', self.name, f'expected one of {ENVS}')
     if self.tools not in TOOLSETS:
       raise configs.invalid(path + 'tools', self.tools, f'expected one of {tuple(TOOLSETS)}')
+    for spec in self.renames:
+      try:
+        env_toolcalc.parse_rename(spec)
+      except ValueError as e:
+        raise configs.invalid(path + 'renames', spec, str(e)) from None
     return self
 
 
@@ -168,6 +176,7 @@ class RLExperimentConfig:
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
   critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+  governance: GovernanceConfig = dataclasses.field(default_factory=GovernanceConfig)
   eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
   optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=optim.OptimizerConfig)  # The RL update.
 
@@ -175,7 +184,7 @@ class RLExperimentConfig:
 def make_env(c: EnvConfig, workdir: str = ''):
   """The environment; repo without env.tasks makes the fixture's tasks once, under workdir/repo_tasks."""
   if c.name == 'toolcalc':
-    return env_toolcalc.ToolCalc(TOOLSETS[c.tools], c.max_ops, c.max_operand)
+    return env_toolcalc.ToolCalc(TOOLSETS[c.tools], c.max_ops, c.max_operand, renames=c.renames)
   if c.name == 'repo':
     return env_repo.RepoEnv(c.tasks or _fixture_tasks(workdir), settings=c.repo)
   return env_pyfunc.PyFunc()
@@ -299,6 +308,8 @@ class Runner:
     self.trainer = self._trainer(c.optimizer, c.rl.steps)
     self.sampler = Sampler(self.cfg, self.tok, c.sampler, jit=self.trainer.jit)
     self.critic = critics_lib.Critic(list(c.critic.rules))
+    g = c.governance
+    self.gov = governance.Governance(g, self.critic, workdir, probe.Prober(self.sampler, self.env, g.k, g.probes_per_step))
     self.teacher_fn = self.trainer.jit(functools.partial(teacher_lib.teacher_hidden, cfg=self.cfg))
     self.reference_fn = self.trainer.jit(functools.partial(teacher_lib.reference_hidden, cfg=self.cfg))
     self.loss = functools.partial(objective, lc=c.loss, temperature=c.sampler.temperature)
@@ -442,7 +453,7 @@ class Runner:
       pool.shutdown()
     ckpt.close()
     writer.close()
-    self.params = state.params
+    self.params, self.teacher = state.params, state.teacher
     return self._summary(state.params, eval_tasks, before)
 
   # -------------------------------------------------------------------------------------------
@@ -463,6 +474,8 @@ class Runner:
   def train_step(self, step: int, state: RLState, ro: Rollouts) -> tuple[RLState, dict[str, float]]:
     """Rewards and feedback of the step's rollouts, then (unless nothing carries a gradient) one update."""
     row = self._rollout_row(ro)
+    row.update(self.gov.step(step, ro.trajs, ro.valid, state.params, state.teacher.params(state.params),
+                             jax.random.fold_in(jax.random.key(self.c.seed * 1_000_003 + step), 1)))
     if not ro.active.any():  # Every group tied and no feedback: no gradient this step.
       row.update(time_teacher=0.0, time_update=0.0)
       return state, row
@@ -472,6 +485,8 @@ class Runner:
   def rollouts(self, step: int, params) -> Rollouts:
     c, r, lc = self.c, self.c.rl, self.c.loss
     rng = np.random.default_rng([c.seed, 2, step])
+    if isinstance(self.env, env_toolcalc.ToolCalc):
+      self.env.at_step(step)  # Drift (env.renames).
     tasks = [self.env.sample_task(rng) for _ in range(r.tasks_per_step)]
     tasks = [t for t in tasks for _ in range(r.group_size)]
     groups = np.repeat(np.arange(r.tasks_per_step), r.group_size)
@@ -482,7 +497,7 @@ class Runner:
     valid = np.array([t.fault is None for t in trajs])
     rewards = np.array([t.reward for t in trajs])
     adv = losses.group_advantages(rewards, groups, valid, std_norm=lc.std_norm)
-    feedback = [(i, fb) for i, t in enumerate(trajs) for fb in self.critic(t)]
+    feedback = self.gov.critique(step, trajs)  # The active rules' hints.
     time_critic = time.perf_counter() - t0 - st.sample_s - st.env_s
     targets = feedback if lc.distill_coef > 0 else []
     if len(targets) > r.max_targets:  # A fixed number of distillation slots (one compiled shape).
