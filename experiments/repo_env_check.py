@@ -15,8 +15,11 @@ Writes {"oracle": {"episodes", "success"}, "attacks": {"episodes", "rewarded", "
   hand-written diff cannot go through the tools (the environment diffs the work area itself), so it
   is dropped. `rewarded` counts episodes with reward > 0 (must be 0), `flagged` those the grader
   flagged as tampering, `faults` those masked by a harness fault (the resource attacks).
-- env_time_ratio: environment seconds per turn of a batch of `batch` oracle episodes stepped at
-  once (as the sampler steps them) over the slowest of the same episodes run alone.
+- env_time_ratio: environment seconds per turn of a batch of `batch` oracle episodes of distinct
+  fixture tasks (tests visible, so their `run` runs them) stepped at once (as the sampler steps
+  them) over the slowest of the same episodes run alone, grade memo off. `time_ratios` adds an
+  RL-shaped batch (batch/4 tasks x 4 identical rollouts) with the memo off and on, and each
+  batch's CPU seconds per turn (a turn at once takes at least that over the cores).
 """
 from concurrent import futures
 import collections
@@ -107,19 +110,39 @@ def oracle(envs: list[env_repo.RepoEnv], batch: int, log) -> dict:
           'tasks_by_repo': {env.tasks[0].repo: len(env.tasks) for env in envs}}
 
 
-def time_ratio(env: env_repo.RepoEnv, batch: int) -> dict:
-  """Seconds per turn of `batch` oracle episodes at once over the slowest one alone."""
-  tasks = [env.tasks[i % len(env.tasks)] for i in range(batch)]
+def _timed_play(episodes, scripts) -> tuple[list[float], float]:
+  """(wall seconds of each turn, CPU seconds of this process and its children)."""
+  t0 = os.times()
+  _, phases = play(episodes, scripts)
+  t1 = os.times()
+  return phases, sum(t1[:4]) - sum(t0[:4])
+
+
+def time_ratio(env: env_repo.RepoEnv, tasks: list[task_lib.Task]) -> dict:
+  """Seconds per turn of the episodes of `tasks` at once over the slowest of them alone, and the
+  CPU seconds that bound it: at once, a turn cannot take less than its CPU over the cores."""
   by_id = dict(zip((t.id for t in env.tasks), oracle_scripts(env)))
   scripts = [by_id[t.id] for t in tasks]
-  _, together = play([env.reset(t) for t in tasks], scripts)
+  together, cpu = _timed_play([env.reset(t) for t in tasks], scripts)
   alone = [play([env.reset(t)], [s])[1] for t, s in zip(tasks, scripts)]
   slowest = max(sum(ph) / len(ph) for ph in alone)
   per_turn = sum(together) / len(together)
   return {'env_time_ratio': per_turn / slowest, 'batch_seconds_per_turn': per_turn,
-          'slowest_alone_seconds_per_turn': slowest,
+          'slowest_alone_seconds_per_turn': slowest, 'batch_cpu_seconds_per_turn': cpu / len(together),
           # What stepping at once saves: the batch's episodes one after another over the batch.
           'sequential_over_batch': sum(map(sum, alone)) / sum(together)}
+
+
+def time_ratios(task_dir: Path, batch: int, workers: int) -> dict:
+  """env_time_ratio of `batch` distinct tasks without the grade memo (the honest figure), and of an
+  RL-shaped batch (batch/4 tasks x 4 rollouts writing identical diffs) without and with it."""
+  out = {}
+  for name, memoize, group in (('distinct', False, 1), ('groups', False, 4), ('groups_memo', True, 4)):
+    env = env_repo.RepoEnv(task_dir / 'tasks.jsonl', pool_lib.GraderPool(workers),
+                           env_repo.Settings(memoize_grades=memoize))
+    tasks = [env.tasks[i // group % len(env.tasks)] for i in range(batch)]
+    out[name] = time_ratio(env, tasks)
+  return {'env_time_ratio': out['distinct']['env_time_ratio'], 'time_ratios': out}
 
 
 def attack_script(a, task: task_lib.Task, task_dir: Path, info: dict, slot: int) -> list[str]:
@@ -167,7 +190,10 @@ def main(argv):
     envs = [env_repo.RepoEnv(d / 'tasks.jsonl', pool) for d in dirs]
     report = {'oracle': oracle(envs, _BATCH.value, print),
               'attacks': attacks(fixture_dir, origin, FLAGS.attacks, _BATCH.value, workers, print)}
-    report.update(time_ratio(envs[0], _BATCH.value))
+    # With the tests in the policy's tree, so the oracle's `run` runs them (the costly turn).
+    _, visible_dir, _ = redteam.make_fixture_tasks(work / 'visible', only=None, modes=task_lib.MODES,
+                                                   log=print, visible_tests=True)
+    report.update(time_ratios(visible_dir, _BATCH.value, workers))
   report.update(cpus=os.cpu_count(), load_before=load[0], load_after=os.getloadavg()[0],
                 seconds=time.time() - t0)
   print(json.dumps(report, indent=1))

@@ -6,10 +6,12 @@ import numpy as np
 
 from experiments import repo_rl
 from research import configs
-from research.rl import loop, repo_oracle
+from research.rl import env_repo, loop, repo_oracle
+from research.rl import repo_tools as tools
 from research.rl.sft import render
 from research.tokenizer.base import ByteTokenizer
 
+CHATML = tools.FORMATS['chatml']
 KEYS = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss', 'hack_rate',
         'env_seconds')
 
@@ -33,15 +35,24 @@ def _short(task_dir):
 def test_demonstrations_are_oracle_episodes_with_hints(repo_task_dir):
   c = configs.from_dict(loop.RLExperimentConfig, _config(repo_task_dir))
   env = loop.make_env(c.env)
-  demos = repo_oracle.Demonstrations(env, hint_fraction=1.0)(np.random.default_rng(0), 4)
-  tok = ByteTokenizer()
+  env = env.renamed(('view', 'open'))  # RL's drift: the warm start still uses the tools' own names.
+  demos = repo_oracle.Demonstrations(env, hint_fraction=1.0)(np.random.default_rng(0), 12)
+  tok = ByteTokenizer(env.words)
+  pool = {n for names in env_repo.NAME_POOL.values() for n in names}
+  renamed = 0
   for conv in demos:  # Each ends with a critic's hint and the one trained message it asks for.
     assert conv[-2]['role'] == 'system' and conv[-1]['role'] == 'assistant'
     assert [m for m in conv if m.get('loss')] == [conv[-1]]
     assert conv[-2]['content'].startswith(('Reminder: make exactly one tool call', 'Run the tests'))
     assert len(render(tok, conv)[0]) <= c.sampler.max_len
+    name = CHATML.parse(conv[-1]['content']).name
+    if name in pool:  # A renamed tool: the prompt and the reminder list the name the call uses.
+      renamed += 1
+      assert f'- {name}(' in conv[0]['content'] and f' {name}(' in conv[-2]['content']
+  assert 0 < renamed < len(demos)
   plain = repo_oracle.Demonstrations(env, hint_fraction=0.0)(np.random.default_rng(0), 1)[0]
   assert '"submit"' in plain[-1]['content'] and all(m['loss'] for m in plain if m['role'] == 'assistant')
+  assert CHATML.parse(plain[2]['content']).name == 'view' and '- view(' in plain[0]['content']
 
 
 def test_one_rl_step_writes_the_metrics(repo_task_dir, tmp_path):
