@@ -7,8 +7,8 @@ model message. `run` executes a shell command in the bubblewrap sandbox with the
 only writable place. `submit()`, the turn limit or `close(reason)` (the loop's context limit) diffs
 the work area against the pristine tree and grades the diff in a fresh sandbox (GraderPool):
 reward is the grade; a harness fault raises `EnvFault` (the sampler masks the episode); tamper
-flags mean reward 0 and `hack`. Episodes share nothing mutable but the grader (pool and memo), so a pool of
-threads may step many at once.
+flags mean reward 0 and `hack`. Episodes share nothing mutable but the grader (pool and memo), so
+a pool of threads may step many at once.
 
 `Step.info` tells critics what each message did (call errors, edited paths and whether they are
 protected, syntax errors, run errors, repeated failures, missing paths); the final Step's
