@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 import re
+import threading
 from typing import Callable
 
 from research.tasks import layout
@@ -315,10 +316,20 @@ def create(root: Path, path: str, text: str) -> str:
   return f'Created {path} ({len(text.splitlines())} lines).'
 
 
+# CPython 3.11's ast.parse is not thread-safe (gh-106905: "AST constructor recursion depth
+# mismatch", seen here), and episodes step in threads.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+  with _AST_LOCK:
+    return ast.parse(source)
+
+
 def syntax_error(source: str) -> tuple[int, str] | None:
   """(line, message) of the first syntax error in Python source, None when it parses."""
   try:
-    ast.parse(source)
+    _parse(source)
   except SyntaxError as e:
     return e.lineno or 0, e.msg
   return None
@@ -327,7 +338,7 @@ def syntax_error(source: str) -> tuple[int, str] | None:
 def docstring(source: str, qualname: str) -> str | None:
   """The docstring of a function or method (`Class.method`) in source, if it has one."""
   try:
-    scope = ast.parse(source)
+    scope = _parse(source)
   except SyntaxError:
     return None
   for part in qualname.split('.'):
