@@ -35,15 +35,6 @@ from research.tasks import redteam
 
 ARMS = {'feedback': 1.0, 'outcome': 0.0}  # name -> loss.distill_coef
 
-_WORKDIR = flags.DEFINE_string('workdir', '/tmp/repo_rl_table', 'Runs go to WORKDIR/seed<k>/<arm>.')
-_JSON = flags.DEFINE_string('json', None, 'Where to write the table.')
-_SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per arm.')
-_EVAL_WARM = flags.DEFINE_bool('eval_warm', True, 'Evaluate the warm start.')
-_ARMS = flags.DEFINE_list('arms', list(ARMS), 'Arms to run (0 seeds or none: the warm start alone).')
-_SFT_STEPS = flags.DEFINE_integer('sft_steps', 0, "Warm-start steps (0: the config's).")
-_RL_STEPS = flags.DEFINE_integer('rl_steps', 0, "RL steps per arm (0: the config's).")
-flags.mark_flags_as_required(['json'])
-
 
 def _called(text: str, call_format: str) -> str | None:
   try:
@@ -79,12 +70,11 @@ def evaluate(runner: loop.Runner, params, seed: int) -> dict:
   return out
 
 
-def base_config(workdir: str):
+def base_config(workdir: str, sft_steps: int, rl_steps: int):
+  """experiments/repo_rl.py with these steps (0: the config's) on the fixture's tasks under workdir."""
   c = repo_rl.get_config()
-  if _SFT_STEPS.value:
-    c.sft.steps = _SFT_STEPS.value
-  if _RL_STEPS.value:
-    c.rl.steps = _RL_STEPS.value
+  c.sft.steps = sft_steps or c.sft.steps
+  c.rl.steps = rl_steps or c.rl.steps
   task_file = Path(workdir, 'tasks', 'tasks', 'tasks.jsonl')
   if not task_file.exists():
     redteam.make_fixture_tasks(task_file.parent.parent, only=redteam.TARGETS, log=lambda _: None,
@@ -93,9 +83,8 @@ def base_config(workdir: str):
   return c
 
 
-def run(workdir: str, seeds: int, arms: list[str], eval_warm: bool, save) -> dict:
+def run(base, workdir: str, seeds: int, arms: list[str], eval_warm: bool, save) -> dict:
   """The warm start, then each seed's arms; `save(out)` after every evaluation (a cut run keeps them)."""
-  base = base_config(workdir)
   warm = os.path.join(workdir, 'warmstart_run')
   t0 = time.time()
   with open(os.path.join(workdir, 'warmstart.jsonl'), 'a') as f:
@@ -121,16 +110,26 @@ def run(workdir: str, seeds: int, arms: list[str], eval_warm: bool, save) -> dic
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  os.makedirs(_WORKDIR.value, exist_ok=True)
+  f = flags.FLAGS
+  os.makedirs(f.workdir, exist_ok=True)
 
   def save(out):
-    with open(_JSON.value, 'w') as f:
+    with open(f.json, 'w') as fp:
       json.dump({**out, 'load': os.getloadavg()[0], 'cpus': os.cpu_count(),
-                 'devices': [str(d) for d in jax.devices()]}, f, indent=1)
+                 'devices': [str(d) for d in jax.devices()]}, fp, indent=1)
 
-  out = run(_WORKDIR.value, _SEEDS.value, _ARMS.value, _EVAL_WARM.value, save)
+  base = base_config(f.workdir, f.sft_steps, f.rl_steps)
+  out = run(base, f.workdir, f.seeds, f.arms, f.eval_warm, save)
   print(json.dumps({k: v for k, v in out.items() if k != 'config'}, indent=1))
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # Flags here only: a test process imports this module beside others.
+  flags.DEFINE_string('workdir', '/tmp/repo_rl_table', 'Runs go to WORKDIR/seed<k>/<arm>.')
+  flags.DEFINE_string('json', None, 'Where to write the table.')
+  flags.DEFINE_integer('seeds', 1, 'Seeds per arm.')
+  flags.DEFINE_integer('sft_steps', 0, "Warm-start steps (0: the config's).")
+  flags.DEFINE_integer('rl_steps', 0, "RL steps per arm (0: the config's).")
+  flags.DEFINE_bool('eval_warm', True, 'Evaluate the warm start.')
+  flags.DEFINE_list('arms', list(ARMS), 'Arms to run (none: the warm start alone).')
+  flags.mark_flags_as_required(['json'])
   app.run(main)

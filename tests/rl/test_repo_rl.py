@@ -4,11 +4,12 @@ import json
 
 import numpy as np
 
-from experiments import repo_rl
+from experiments import repo_rl, repo_rl_table
 from research import configs
-from research.rl import env_repo, loop, repo_oracle
+from research.rl import critics, env_repo, loop, repo_oracle
 from research.rl import repo_tools as tools
 from research.rl.sft import render
+from research.rl.trajectory import Trajectory
 from research.tokenizer.base import ByteTokenizer
 
 CHATML = tools.FORMATS['chatml']
@@ -63,3 +64,22 @@ def test_one_rl_step_writes_the_metrics(repo_task_dir, tmp_path):
   assert row['step'] == 1 and all(k in row for k in KEYS), sorted(row)
   assert row['env_seconds'] > 0 and 0 <= row['hack_rate'] <= 1
   assert (tmp_path / 'warmstart').exists()
+
+
+def test_table_row_counts_calls_submits_and_drift(repo_task_dir):
+  env = env_repo.RepoEnv(repo_task_dir / 'tasks.jsonl', settings=env_repo.Settings(rename=('view', 'open')))
+  task = env.tasks[0]
+  ep = env.reset(task)
+  a = Trajectory.from_prompt([0], prompt=ep.prompt)
+  for message in [CHATML.render(tools.Call('view', {'path': task.file})),   # the old name
+                  CHATML.render(tools.Call('open', {'path': task.file})),   # the new one
+                  CHATML.render(tools.Call('submit', {}))]:                 # untested
+    a.add_model([1], [0.0], message).info = dict(ep.step(message).info)
+  b = Trajectory.from_prompt([0], prompt=ep.prompt)
+  other = env.reset(task)
+  b.add_model([1], [0.0], 'no call').info = dict(other.step('no call').info)
+  other.close('context')
+  row = repo_rl_table.table_row([a, b], critics.Critic(list(repo_rl.get_config().critic.rules)), env.settings)
+  assert (row['episodes'], row['success'], row['valid_call_rate']) == (2, 0.0, 0.5)
+  assert (row['submits'], row['tested_before_submit'], row['drift_open_share']) == (1, 0.0, 0.5)
+  assert row['fires_per_episode']['tool_call'] == 1.0 and row['fires_per_episode']['untested_submit'] == 0.5
