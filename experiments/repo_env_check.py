@@ -2,7 +2,7 @@
 episodes stepped at once.
 
 python -m experiments.repo_env_check --json=/tmp/repo_env_check.json [--sdists=inflection==0.5.1]
-    [--max_tasks=8] [--batch=16] [--attacks=forge_emit,...] [--workers=N]
+    [--max_tasks=8] [--batch=16] [--attacks=forge_emit,...] [--workers=N] [--parts=oracle,attacks,time]
 
 Writes {"oracle": {"episodes", "success"}, "attacks": {"episodes", "rewarded", "flagged", ...},
 "env_time_ratio", ...}:
@@ -15,8 +15,11 @@ Writes {"oracle": {"episodes", "success"}, "attacks": {"episodes", "rewarded", "
   hand-written diff cannot go through the tools (the environment diffs the work area itself), so it
   is dropped. `rewarded` counts episodes with reward > 0 (must be 0), `flagged` those the grader
   flagged as tampering, `faults` those masked by a harness fault (the resource attacks).
-- env_time_ratio: environment seconds per turn of a batch of `batch` oracle episodes stepped at
-  once (as the sampler steps them) over the slowest of the same episodes run alone.
+- env_time_ratio: environment seconds per turn of a batch of `batch` oracle episodes of distinct
+  fixture tasks (tests visible, so their `run` runs them) stepped at once (as the sampler steps
+  them) over the slowest of the same episodes run alone, grade memo off. `time_ratios` adds an
+  RL-shaped batch (batch/4 tasks x 4 identical rollouts) with the memo off and on, and the ratio
+  perfect sharing of this machine's cores would give (`ideal_ratio`).
 """
 from concurrent import futures
 import collections
@@ -27,6 +30,7 @@ import tempfile
 import time
 
 from absl import app, flags
+import numpy as np
 
 from experiments import redteam as redteam_exp
 from research.rl import env_repo, repo_oracle
@@ -43,6 +47,7 @@ FLAGS.set_default('sdists', ['inflection==0.5.1'])
 FLAGS.set_default('max_tasks', 8)
 FLAGS.set_default('workers', os.cpu_count() or 1)
 _BATCH = flags.DEFINE_integer('batch', 16, 'Episodes stepped at once.')
+_PARTS = flags.DEFINE_list('parts', ['oracle', 'attacks', 'time'], 'Which checks to run.')
 
 CHATML = tools.FORMATS['chatml']
 
@@ -107,19 +112,35 @@ def oracle(envs: list[env_repo.RepoEnv], batch: int, log) -> dict:
           'tasks_by_repo': {env.tasks[0].repo: len(env.tasks) for env in envs}}
 
 
-def time_ratio(env: env_repo.RepoEnv, batch: int) -> dict:
-  """Seconds per turn of `batch` oracle episodes at once over the slowest one alone."""
-  tasks = [env.tasks[i % len(env.tasks)] for i in range(batch)]
+def time_ratio(make_env, tasks: list[task_lib.Task]) -> dict:
+  """Seconds per turn of the episodes of `tasks` at once over the slowest of them alone (each alone
+  on a fresh env: nothing memoized from the batch). `ideal_ratio` is the ratio if the episodes
+  alone were CPU-bound on one core each and shared this machine's cores perfectly at once."""
+  env = make_env()
   by_id = dict(zip((t.id for t in env.tasks), oracle_scripts(env)))
   scripts = [by_id[t.id] for t in tasks]
   _, together = play([env.reset(t) for t in tasks], scripts)
-  alone = [play([env.reset(t)], [s])[1] for t, s in zip(tasks, scripts)]
-  slowest = max(sum(ph) / len(ph) for ph in alone)
+  alone = []
+  for t, s in zip(tasks, scripts):
+    phases = play([make_env().reset(t)], [s])[1]
+    alone.append(sum(phases) / len(phases))
   per_turn = sum(together) / len(together)
-  return {'env_time_ratio': per_turn / slowest, 'batch_seconds_per_turn': per_turn,
-          'slowest_alone_seconds_per_turn': slowest,
-          # What stepping at once saves: the batch's episodes one after another over the batch.
-          'sequential_over_batch': sum(map(sum, alone)) / sum(together)}
+  return {'env_time_ratio': per_turn / max(alone), 'batch_seconds_per_turn': per_turn,
+          'slowest_alone_seconds_per_turn': max(alone), 'mean_alone_seconds_per_turn': np.mean(alone),
+          'ideal_ratio': sum(alone) / (os.cpu_count() or 1) / max(alone)}
+
+
+def time_ratios(task_dir: Path, batch: int, workers: int) -> dict:
+  """env_time_ratio of `batch` distinct tasks without the grade memo (the honest figure), and of an
+  RL-shaped batch (batch/4 tasks x 4 rollouts writing identical diffs) without and with it."""
+  out = {}
+  for name, memoize, group in (('distinct', False, 1), ('groups', False, 4), ('groups_memo', True, 4)):
+    def make_env(memoize=memoize):
+      return env_repo.RepoEnv(task_dir / 'tasks.jsonl', pool_lib.GraderPool(workers),
+                              env_repo.Settings(memoize_grades=memoize))
+    tasks = make_env().tasks
+    out[name] = time_ratio(make_env, [tasks[i // group % len(tasks)] for i in range(batch)])
+  return {'env_time_ratio': out['distinct']['env_time_ratio'], 'time_ratios': out}
 
 
 def attack_script(a, task: task_lib.Task, task_dir: Path, info: dict, slot: int) -> list[str]:
@@ -153,21 +174,32 @@ def attacks(task_dir: Path, origin: Path, names, batch: int, workers: int, log) 
           'faults': total['faults'], 'by_class': {k: dict(v) for k, v in by_class.items()}}
 
 
-def main(argv):
-  del argv
-  t0, load = time.time(), os.getloadavg()
-  workers = FLAGS.workers
-  with tempfile.TemporaryDirectory(prefix='repo-env-check-') as tmp:
-    work = Path(tmp)
+def checks(work: Path, parts: list[str], workers: int) -> dict:
+  """The chosen parts: the oracle and the attacks on tasks with hidden tests, the time ratios on
+  tasks with visible tests (so the oracle's `run` runs them: the costly turn)."""
+  report = {}
+  if {'oracle', 'attacks'} & set(parts):
     origin, fixture_dir, _ = redteam.make_fixture_tasks(work, only=None, modes=task_lib.MODES, log=print)
+  if 'oracle' in parts:
     sdists = [Path(s) if s.endswith('.tar.gz') else redteam_exp.fetch_sdist(s, Path(FLAGS.sdist_cache))
               for s in FLAGS.sdists if s]
     dirs = [fixture_dir] + [redteam.sdist_tasks(s, work / 'sdists', FLAGS.max_tasks, log=print) for s in sdists]
     pool = pool_lib.GraderPool(workers)
-    envs = [env_repo.RepoEnv(d / 'tasks.jsonl', pool) for d in dirs]
-    report = {'oracle': oracle(envs, _BATCH.value, print),
-              'attacks': attacks(fixture_dir, origin, FLAGS.attacks, _BATCH.value, workers, print)}
-    report.update(time_ratio(envs[0], _BATCH.value))
+    report['oracle'] = oracle([env_repo.RepoEnv(d / 'tasks.jsonl', pool) for d in dirs], _BATCH.value, print)
+  if 'attacks' in parts:
+    report['attacks'] = attacks(fixture_dir, origin, FLAGS.attacks, _BATCH.value, workers, print)
+  if 'time' in parts:
+    _, visible_dir, _ = redteam.make_fixture_tasks(work / 'visible', only=None, modes=task_lib.MODES,
+                                                   log=print, visible_tests=True)
+    report.update(time_ratios(visible_dir, _BATCH.value, workers))
+  return report
+
+
+def main(argv):
+  del argv
+  t0, load = time.time(), os.getloadavg()
+  with tempfile.TemporaryDirectory(prefix='repo-env-check-') as tmp:
+    report = checks(Path(tmp), _PARTS.value, FLAGS.workers)
   report.update(cpus=os.cpu_count(), load_before=load[0], load_after=os.getloadavg()[0],
                 seconds=time.time() - t0)
   print(json.dumps(report, indent=1))

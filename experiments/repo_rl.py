@@ -1,14 +1,17 @@
 """Targeted-feedback RL on repository tasks (research/rl/env_repo.py) with a tiny model on the CPU:
-a warm start on the oracle's episodes and their hint-conditioned variants, then RL.
+a warm start on the oracle's episodes and their hint-conditioned variants, then RL with drift.
 
 python -m launch.rl --config=experiments/repo_rl.py --workdir=/tmp/repo_rl
 python -m launch.rl --config=experiments/repo_rl.py --workdir=/tmp/repo_rl_outcome \
     --config.loss.distill_coef=0 --config.init_checkpoint=/tmp/repo_rl
 
-Tasks: the fixture repository's (made once under the workdir; `--config.env.tasks=` a task file of
-launch.make_tasks for others). Contexts of 4096 tokens (bytes). The default run is small (a few
-minutes); a tiny model trained from scratch cannot write unseen code, so what it can learn here is
-the tools' syntax and the workflow (view, edit, run the tests, submit).
+Tasks: the fixture repository's, tests visible (made once under the workdir; `--config.env.tasks=`
+a task file of launch.make_tasks for others); RL trains on the `train` split (a quarter is held
+out, experiments/repo_rl_table.py evaluates it). Drift: RL's environment renames `view` to `open`
+(the warm start's demonstrations use `view`; its hinted variants teach following a reminder that
+lists renamed tools). Contexts of 4096 tokens (bytes, the call syntax's words as single tokens).
+The default run is small (minutes); a tiny model trained from scratch cannot write unseen code, so
+what it can learn here is the tools' syntax and the workflow (view, edit, run the tests, submit).
 """
 
 import ml_collections
@@ -20,12 +23,14 @@ from research.rl import loop
 def get_config() -> ml_collections.ConfigDict:
   c = configs.to_config_dict(loop.RLExperimentConfig())
   c.env.name = 'repo'
-  c.env.word_tokens = False
+  c.env.word_tokens = True          # env_repo.WORDS: tool and argument names, one token each.
   c.env.repo.max_turns = 6          # view, edits, run, submit.
   c.env.repo.observation_chars = 400
+  c.env.repo.split = 'train'
+  c.env.repo.rename = ('view', 'open')
 
   m = c.model
-  m.vocab_size = 272                # ByteTokenizer: 256 bytes + 8 specials, padded.
+  m.vocab_size = 320                # ByteTokenizer: 256 bytes + 8 specials + 25 words, padded.
   m.d_model = 64
   m.num_layers = 2
   m.num_heads = 2                   # Attention is T x T per head: at 4096 tokens that is the memory.

@@ -7,8 +7,8 @@ model message. `run` executes a shell command in the bubblewrap sandbox with the
 only writable place. `submit()`, the turn limit or `close(reason)` (the loop's context limit) diffs
 the work area against the pristine tree and grades the diff in a fresh sandbox (GraderPool):
 reward is the grade; a harness fault raises `EnvFault` (the sampler masks the episode); tamper
-flags mean reward 0 and `hack`. Episodes share nothing mutable but the grader pool, so a pool of
-threads may step many at once.
+flags mean reward 0 and `hack`. Episodes share nothing mutable but the grader (pool and memo), so
+a pool of threads may step many at once.
 
 `Step.info` tells critics what each message did (call errors, edited paths and whether they are
 protected, syntax errors, run errors, repeated failures, missing paths); the final Step's
@@ -16,7 +16,10 @@ info['episode'] holds the episode's statistics for the loop's metrics.
 """
 
 import collections
+from concurrent import futures
+import copy
 import dataclasses
+import hashlib
 import itertools
 from pathlib import Path, PurePosixPath
 import re
@@ -46,6 +49,19 @@ _RUN_ERROR = re.compile(r"\b(ImportError|ModuleNotFoundError|NameError): (.*)")
 _RUN_SLOTS = range(sandbox.UIDS_PER_PROCESS // 2, sandbox.UIDS_PER_PROCESS)
 
 
+SPLITS = ('all', 'train', 'held_out')
+# Names a tool may be renamed to: the warm start's hinted variants use them, RL's rename is one.
+NAME_POOL = {'view': ('open', 'show', 'read'), 'run': ('shell', 'bash', 'execute')}
+# Whole-word tokens for a tokenizer that wants them (loop's env.word_tokens): the call syntax's words.
+WORDS = ('tool_call', 'name', 'arguments', *tools.TOOLS, *sum(NAME_POOL.values(), ()),
+         *dict.fromkeys(p for spec in tools.TOOLS.values() for p, _ in spec.params))
+
+
+def in_split(task_id: str, split: str) -> bool:
+  held_out = int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 4 == 0
+  return split == 'all' or held_out == (split == 'held_out')
+
+
 class EnvFault(RuntimeError):
   """The harness failed (grader or sandbox), not the policy: the episode is masked."""
 
@@ -64,6 +80,8 @@ class EpisodeStats:
   fault: bool = False
   ended_by: str = ''                # submit, turns, or the loop's close reason.
   grade_reason: str = ''
+  grade_shared: bool = False        # Graded once for an identical (task, diff) of another episode.
+  stale_name_calls: int = 0         # Calls by the old name of a renamed tool (Settings.rename).
 
 
 def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
@@ -72,7 +90,9 @@ def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
   out = {'hack_rate': sum(s.hacked for s in stats) / n, 'fault_rate': sum(s.fault for s in stats) / n,
          'env_seconds': sum(s.env_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
          'tests_run_before_submit': sum(s.tests_run_before_submit for s in stats) / n,
-         'bad_calls': sum(s.bad_calls for s in stats) / n}
+         'bad_calls': sum(s.bad_calls for s in stats) / n,
+         'grades_shared': sum(s.grade_shared for s in stats) / n,
+         'stale_name_calls': sum(s.stale_name_calls for s in stats) / n}
   for name in tools.TOOLS:
     out[f'tool_calls/{name}'] = sum(s.tool_calls.get(name, 0) for s in stats) / n
   return out
@@ -88,6 +108,12 @@ class Settings:
   # Small files: the work area is diffed at the end, and a huge edited file would stall that.
   run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, fsize_mb=8, output_kb=32)
   python: str = sys.executable
+  # Grade identical (task, diff) pairs once (GradeMemo); off: every episode pays its own grading.
+  memoize_grades: bool = True
+  # (tool, new name): drift since the warm start; the tool is listed and called only by the new name.
+  rename: tuple[str, ...] = ()
+  # 'train' or 'held_out': a fixed quarter of the tasks (by a hash of the id) is held out.
+  split: str = 'all'
 
   def validate(self, path: str = 'repo.') -> 'Settings':
     """Checks the fields (as research/configs.py's from_dict does for a section, by dotted path)."""
@@ -97,11 +123,27 @@ class Settings:
     if self.max_turns < 1 or self.observation_chars < 100:
       raise ValueError(f'{path}: max_turns={self.max_turns} must be >= 1 and '
                        f'observation_chars={self.observation_chars} >= 100')
+    if self.split not in SPLITS:
+      raise ValueError(f'{path}split={self.split!r}: expected one of {SPLITS}')
+    if self.rename and not (len(self.rename) == 2 and self.rename[0] in tools.TOOLS
+                            and re.fullmatch(r'[A-Za-z_]\w*', self.rename[1])
+                            and self.rename[1] not in tools.TOOLS):
+      raise ValueError(f'{path}rename={self.rename!r}: expected (tool, new name) with a tool of '
+                       f'{list(tools.TOOLS)} and a new identifier that is not a tool')
     return self
 
+  def shown(self) -> dict[str, str]:
+    """Each tool's name as the episode lists and accepts it."""
+    return {n: self.rename[1] if self.rename[:1] == (n,) else n for n in tools.TOOLS}
 
-def tool_list() -> str:
-  return '\n'.join(f'- {tools.signature(n)}: {spec.usage}' for n, spec in tools.TOOLS.items())
+
+def tool_list(shown: dict[str, str]) -> str:
+  """The tools as the prompt lists them (`shown`: tool -> the name the environment shows)."""
+  return '\n'.join(f'- {tools.signature(n, shown[n])}: {spec.usage}' for n, spec in tools.TOOLS.items())
+
+
+def call_syntax(call_format: str) -> str:
+  return tools.FORMATS[call_format].render(tools.Call('NAME', {'ARG': 'VALUE'}))
 
 
 def task_statement(task: task_lib.Task, tree: Path) -> str:
@@ -121,10 +163,10 @@ def task_statement(task: task_lib.Task, tree: Path) -> str:
   return '\n'.join(lines)
 
 
-def prompt(task: task_lib.Task, tree: Path, call_format: str) -> list[dict]:
-  example = tools.FORMATS[call_format].render(tools.Call('view', {'path': task.file}))
+def prompt(task: task_lib.Task, tree: Path, call_format: str, shown: dict[str, str]) -> list[dict]:
   system = ('You fix a Python repository with these tools, one tool call per message:\n'
-            f'{tool_list()}\nPaths are relative to the repository root. A call looks like:\n{example}')
+            f'{tool_list(shown)}\nPaths are relative to the repository root. A call looks like:\n'
+            f'{call_syntax(call_format)}')
   return [{'role': 'system', 'content': system},
           {'role': 'user', 'content': task_statement(task, tree)}]
 
@@ -146,19 +188,57 @@ _FILE_TOOLS = {'view': tools.view, 'search': tools.search, 'str_replace': tools.
                'insert': tools.insert, 'create': tools.create}
 
 
+class GradeMemo:
+  """Grades each distinct (task, grading tree, diff) once; later and concurrent askers share it
+  (the `size` latest; 0: nothing shared).
+
+  A sandboxed grading is a function of these inputs (its mutant twins are drawn afresh, but
+  identical diffs only ever share them), so the G rollouts of a group that write the same diff
+  pay for one grading. A fault is handed to those already waiting, never kept.
+  """
+
+  def __init__(self, pool: pool_lib.GraderPool, size: int = 4096):
+    self.pool, self.size = pool, size
+    self._grades: collections.OrderedDict[tuple, futures.Future] = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def grade(self, job: pool_lib.Job) -> tuple[grading.Grade, bool]:
+    """(the grade, whether another episode's grading gave it)."""
+    key = (job.task.id, str(job.tree), hashlib.sha256(job.patch.encode()).hexdigest())
+    with self._lock:
+      fut = self._grades.get(key)
+      if fut is None:
+        self._grades[key] = mine = futures.Future()
+        if len(self._grades) > self.size:
+          self._grades.popitem(last=False)
+    if fut is not None:
+      return fut.result(), True
+    out = grading.Grade(None, 'harness error: grading raised')
+    try:
+      out = self.pool.grade([job])[0]
+    finally:
+      if out.fault:
+        with self._lock:
+          self._grades.pop(key, None)
+      mine.set_result(out)
+    return out, False
+
+
 class Episode:
-  """One task in a private work area; thread-safe across episodes (nothing shared but the pool)."""
+  """One task in a private work area; thread-safe across episodes (nothing shared but the grader)."""
 
   def __init__(self, task: task_lib.Task, pristine: Path, graded: Path,
-               pool: pool_lib.GraderPool, settings: Settings, uid: int):
+               grader: GradeMemo, settings: Settings, uid: int):
     """`pristine`: the tree the policy starts from; `graded`: the tree grading applies the diff to
-    (the same with the hidden tests)."""
+    (the same with the hidden tests); `grader`: shared by the env's episodes."""
     self.task, self.pristine, self.graded = task, pristine, graded
-    self.pool, self.s, self.uid = pool, settings, uid
+    self.grader, self.s, self.uid = grader, settings, uid
     self.root = Path(tempfile.mkdtemp(prefix='repo-episode-'))
     self.work = self.root / 'repo'
     layout.copy_tree(pristine, self.work)
-    self.prompt = prompt(task, self.work, settings.call_format)
+    self.shown = settings.shown()
+    self.names = {shown: n for n, shown in self.shown.items()}
+    self.prompt = prompt(task, self.work, settings.call_format, self.shown)
     self.stats = EpisodeStats()
     self.failures: collections.Counter[str] = collections.Counter()
     self.final: Step | None = None
@@ -190,14 +270,17 @@ class Episode:
     if self.final is not None:
       raise RuntimeError('repo env: step() after the episode ended')
     self.stats.turns += 1
-    info = {'message': message, 'tools': ', '.join(map(tools.signature, tools.TOOLS)),
-            'syntax': tools.FORMATS[self.s.call_format].render(tools.Call('NAME', {'ARG': 'VALUE'}))}
+    info = {'message': message, 'syntax': call_syntax(self.s.call_format),
+            'tools': ', '.join(tools.signature(n, s) for n, s in self.shown.items())}
+    parsed = None
     try:
-      call = tools.FORMATS[self.s.call_format].parse(message)
-      tools.check(call)
+      parsed = tools.FORMATS[self.s.call_format].parse(message)
+      call = tools.check(parsed, self.names)
     except tools.CallError as e:
       self.stats.bad_calls += 1
       info.update(kind='bad_call', call_error=e.kind, detail=str(e))
+      if parsed is not None and parsed.name not in self.names and parsed.name in tools.TOOLS:
+        self.stats.stale_name_calls += 1  # The name a renamed tool had at the warm start.
       obs = f'error: {e}'
     else:
       self.stats.tool_calls[call.name] = self.stats.tool_calls.get(call.name, 0) + 1
@@ -244,8 +327,9 @@ class Episode:
       return f'error: {info["tool_error"]}'
     marker = f'run started {secrets.token_hex(8)}'
     py_path = [str(self.work / p) if p else str(self.work) for p in self.task.python_path]
+    # As in grading: no plugin autoload (the venv's plugins were half of a test run's time).
     env = {'PATH': f'{Path(self.s.python).parent}:/usr/bin:/bin', 'HOME': '/tmp', 'TMPDIR': '/tmp',
-           'LANG': 'C.UTF-8', 'PYTHONDONTWRITEBYTECODE': '1',
+           'LANG': 'C.UTF-8', 'PYTHONDONTWRITEBYTECODE': '1', 'PYTEST_DISABLE_PLUGIN_AUTOLOAD': '1',
            'PYTHONPATH': ':'.join(py_path + list(self.task.site_dirs))}
     # The marker, printed first, tells a command that ran from a sandbox that failed to start
     # (which would mask the episode: a way around the reward if the command could fake it).
@@ -282,7 +366,7 @@ class Episode:
     diff = patch_lib.diff_trees(self.pristine, self.work)
     self._remove()
     if diff:
-      grade = self.pool.grade([pool_lib.Job(self.task, self.graded, diff)])[0]
+      grade, st.grade_shared = self.grader.grade(pool_lib.Job(self.task, self.graded, diff))
     else:
       grade = grading.Grade(0.0, 'no changes')
     st.grade_reason = grade.reason
@@ -296,23 +380,32 @@ class Episode:
 
 
 class RepoEnv:
-  """Tasks from a task file (tasks.jsonl or tasks.array_record) written by launch.make_tasks."""
+  """Tasks from a task file (tasks.jsonl or tasks.array_record) written by launch.make_tasks (those
+  of `ids`, or of `settings.split`)."""
   name = 'repo'
+  words = WORDS
 
   def __init__(self, task_file: str | Path, pool: pool_lib.GraderPool | None = None,
                settings: Settings = Settings(), ids: list[str] | None = None):
-    self.task_dir = Path(task_file).parent
+    self.task_file, self.task_dir = Path(task_file), Path(task_file).parent
     tasks = task_lib.read(Path(task_file))
     unknown = sorted(set(ids or ()) - {t.id for t in tasks})
     if unknown:
       raise ValueError(f'repo env: task ids {unknown} are not in {task_file}')
-    self.tasks = [t for t in tasks if ids is None or t.id in ids]
+    self.tasks = [t for t in tasks if (ids is None or t.id in ids) and in_split(t.id, settings.split)]
     if not self.tasks:
-      raise ValueError(f'repo env: no tasks in {task_file}')
+      raise ValueError(f'repo env: no tasks in {task_file} (split={settings.split!r})')
     self.pool = pool or pool_lib.GraderPool()
     self.settings = settings.validate()
+    self.grader = GradeMemo(self.pool, size=4096 if settings.memoize_grades else 0)
     self._slots = itertools.count()
     self._lock = threading.Lock()
+
+  def renamed(self, rename: tuple[str, ...]) -> 'RepoEnv':
+    """The same tasks, grader and uid slots with `Settings.rename` set to `rename` (() : none)."""
+    other = copy.copy(self)
+    other.settings = dataclasses.replace(self.settings, rename=tuple(rename)).validate()
+    return other
 
   def sample_task(self, rng: np.random.Generator) -> task_lib.Task:
     return self.tasks[int(rng.integers(len(self.tasks)))]
@@ -324,5 +417,5 @@ class RepoEnv:
   def reset(self, task: task_lib.Task) -> Episode:
     with self._lock:
       slot = _RUN_SLOTS[next(self._slots) % len(_RUN_SLOTS)]
-    return Episode(task, self.task_dir / task.tree, self.task_dir / task.grading_tree, self.pool,
+    return Episode(task, self.task_dir / task.tree, self.task_dir / task.grading_tree, self.grader,
                    self.settings, sandbox.uid_for(slot))

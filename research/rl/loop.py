@@ -194,7 +194,7 @@ def _fixture_tasks(workdir: str) -> str:
   out = os.path.join(workdir, 'repo_tasks')
   if not os.path.exists(os.path.join(out, 'tasks', 'tasks.jsonl')):
     redteam.make_fixture_tasks(Path(out), only=redteam.TARGETS, modes=('body', 'function', 'feature'),
-                               log=lambda _: None)
+                               log=lambda _: None, visible_tests=True)  # `run` runs them.
   return os.path.join(out, 'tasks', 'tasks.jsonl')
 
 

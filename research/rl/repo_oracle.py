@@ -18,6 +18,7 @@ import numpy as np
 from research.rl import critics
 from research.rl import env_repo
 from research.rl import repo_tools as tools
+from research.rl.env import Step
 from research.rl.repo_tools import Call, matches
 from research.tasks import patch as patch_lib
 from research.tasks import task as task_lib
@@ -113,17 +114,30 @@ def conversation(env: env_repo.RepoEnv, task: task_lib.Task, solution: task_lib.
   raise RuntimeError(f'oracle: {task.id} did not end at submit')
 
 
-class Demonstrations:
-  """Warm-start conversations (research/rl/sft.py): the oracle's episodes, recorded once per task,
-  and hint-conditioned variants that end with a hint (the text the critic rule writes) and the
-  message it asks for, the only trained message. `tool_call`: a malformed call, shown with the
-  environment's error half the time, then the right call; `untested_submit`: after the last edit,
-  the test run rather than a submit."""
+def _reply(env: env_repo.RepoEnv, task: task_lib.Task, message: str) -> tuple[list[dict], Step]:
+  """A fresh episode's prompt and its answer to `message` (closed ungraded: no edits)."""
+  episode = env.reset(task)
+  step = episode.step(message)
+  episode.close('context')
+  if step.info['kind'] != 'bad_call':
+    raise RuntimeError(f'demonstrations: {message!r} parsed as a call')
+  return episode.prompt, step
 
-  KINDS = ('tool_call', 'untested_submit')
+
+class Demonstrations:
+  """Warm-start conversations (research/rl/sft.py): the oracle's episodes with the tools' own names,
+  recorded once per task, and hint-conditioned variants that end with a hint (the text the critic
+  rule writes) and the message it asks for, the only trained message. `tool_call`: a malformed
+  call, shown with the environment's error half the time, then the right call; `untested_submit`:
+  after the last edit, the test run rather than a submit; `renamed_tool`: the environment renamed a
+  tool (a name of env_repo.NAME_POOL, listed in the prompt and the reminder), the policy called it
+  by its old name (shown with the error half the time), then the call by the new name."""
+
+  KINDS = ('tool_call', 'untested_submit', 'renamed_tool')
 
   def __init__(self, env: env_repo.RepoEnv, hint_fraction: float):
-    self.env, self.hint_fraction = env, hint_fraction
+    self.env, self.hint_fraction = env.renamed(()), hint_fraction  # RL may rename a tool: drift.
+    self.fmt = tools.FORMATS[env.settings.call_format]
     self.solutions = task_lib.read_solutions(env.task_dir)
     self.recorded: dict[str, list[dict]] = {}
 
@@ -139,20 +153,26 @@ class Demonstrations:
 
   def hinted(self, task: task_lib.Task, conv: list[dict], rng: np.random.Generator) -> list[dict]:
     turns = [i for i, m in enumerate(conv) if m['role'] == 'assistant']
-    context = []
-    if rng.choice(self.KINDS) == 'untested_submit':
+    kind = rng.choice(self.KINDS)
+    prompt, context, target = conv[:turns[0]], [], None
+    if kind == 'untested_submit':
       k = turns[-2]  # The test run, where the erring policy submitted.
       hint = critics.REGISTRY['untested_submit'].hint({'tool': 'submit', 'tested': False}, None, 0)
     else:
-      k = turns[int(rng.integers(len(turns)))]
-      bad = conv[k]['content'][:int(rng.integers(1, len(conv[k]['content'])))]
-      episode = self.env.reset(task)  # The environment's own answer to the bad call (no grading).
-      step = episode.step(bad)
-      episode.close('context')
-      if step.info['kind'] != 'bad_call':
-        raise RuntimeError(f'demonstrations: {bad!r} parsed as a call')
+      if kind == 'renamed_tool':
+        tool = str(rng.choice(list(env_repo.NAME_POOL)))
+        new = str(rng.choice(env_repo.NAME_POOL[tool]))
+        k = next(i for i in turns if self.fmt.parse(conv[i]['content']).name == tool)
+        bad = conv[k]['content']
+        prompt, step = _reply(self.env.renamed((tool, new)), task, bad)
+        target = self.fmt.render(Call(new, self.fmt.parse(bad).arguments))
+      else:
+        k = turns[int(rng.integers(len(turns)))]
+        bad = conv[k]['content'][:int(rng.integers(1, len(conv[k]['content'])))]
+        _, step = _reply(self.env, task, bad)
       if rng.random() < 0.5:
         context = [{'role': 'assistant', 'content': bad}, {'role': 'tool', 'content': step.observation}]
       hint = critics.REGISTRY['tool_call'].hint(step.info, None, 0)
-    prefix = [{**m, 'loss': False} for m in conv[:k]]
-    return [*prefix, *context, {'role': 'system', 'content': hint}, conv[k]]
+    prefix = [{**m, 'loss': False} for m in prompt + conv[turns[0]:k]]
+    last = conv[k] if target is None else {'role': 'assistant', 'content': target, 'loss': True}
+    return [*prefix, *context, {'role': 'system', 'content': hint}, last]

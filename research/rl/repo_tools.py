@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 import re
+import threading
 from typing import Callable
 
 from research.tasks import layout
@@ -72,25 +73,31 @@ TOOLS = {
 EDITS = ('str_replace', 'insert', 'create')
 
 
-def signature(name: str) -> str:
+def signature(name: str, shown: str | None = None) -> str:
+  """`name(arg, optional?)`, written with the name the environment shows (a renamed tool)."""
   spec = TOOLS[name]
-  return f'{name}(' + ', '.join(p + '?' * (p in spec.optional) for p, _ in spec.params) + ')'
+  return f'{shown or name}(' + ', '.join(p + '?' * (p in spec.optional) for p, _ in spec.params) + ')'
 
 
-def check(call: Call) -> None:
-  """Raises CallError unless the call names a tool and gives it the arguments it takes."""
-  if call.name not in TOOLS:
-    raise CallError('unknown_tool', f'unknown tool {call.name!r}; tools are {", ".join(TOOLS)}')
-  spec = TOOLS[call.name]
+def check(call: Call, names: dict[str, str] | None = None) -> Call:
+  """The call with the tool's own name; CallError unless it names a tool (`names`: shown -> tool,
+  default each tool its own name) and gives it the arguments it takes."""
+  names = names or {n: n for n in TOOLS}
+  if call.name not in names:
+    raise CallError('unknown_tool', f'unknown tool {call.name!r}; tools are {", ".join(names)}')
+  name = names[call.name]
+  spec = TOOLS[name]
   types = dict(spec.params)
   extra = sorted(set(call.arguments) - set(types))
   missing = [p for p in types if p not in call.arguments and p not in spec.optional]
   if extra or missing:
-    raise CallError('bad_arguments', f'{signature(call.name)}: unexpected {extra}, missing {missing}')
+    raise CallError('bad_arguments',
+                    f'{signature(name, call.name)}: unexpected {extra}, missing {missing}')
   for p, value in call.arguments.items():
     if type(value) is not types[p]:  # bool is not an int here.
-      raise CallError('bad_arguments',
-                      f'{signature(call.name)}: {p} must be a {types[p].__name__}, got {value!r:.40}')
+      raise CallError('bad_arguments', f'{signature(name, call.name)}: {p} must be a '
+                                       f'{types[p].__name__}, got {value!r:.40}')
+  return Call(name, call.arguments)
 
 
 def _decode(name: str, arguments: str) -> Call:
@@ -309,10 +316,20 @@ def create(root: Path, path: str, text: str) -> str:
   return f'Created {path} ({len(text.splitlines())} lines).'
 
 
+# CPython 3.11's ast.parse is not thread-safe (gh-106905: "AST constructor recursion depth
+# mismatch", seen here), and episodes step in threads.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+  with _AST_LOCK:
+    return ast.parse(source)
+
+
 def syntax_error(source: str) -> tuple[int, str] | None:
   """(line, message) of the first syntax error in Python source, None when it parses."""
   try:
-    ast.parse(source)
+    _parse(source)
   except SyntaxError as e:
     return e.lineno or 0, e.msg
   return None
@@ -321,7 +338,7 @@ def syntax_error(source: str) -> tuple[int, str] | None:
 def docstring(source: str, qualname: str) -> str | None:
   """The docstring of a function or method (`Class.method`) in source, if it has one."""
   try:
-    scope = ast.parse(source)
+    scope = _parse(source)
   except SyntaxError:
     return None
   for part in qualname.split('.'):

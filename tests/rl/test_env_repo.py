@@ -241,6 +241,72 @@ def test_grader_fault_raises(env):
   assert ep.stats.fault and not ep.root.exists()
 
 
+class _CountingPool:
+  """Grades 1 and counts the diffs it was asked to grade (a fault for a diff holding 'boom')."""
+
+  def __init__(self):
+    self.graded = []
+
+  def grade(self, jobs):
+    self.graded += [j.patch for j in jobs]
+    return [grading.Grade(None if 'boom' in j.patch else 1.0, 'counted') for j in jobs]
+
+
+def _submitted(memo_env, body):
+  ep = memo_env.reset(slug(memo_env))
+  ep.step(call('str_replace', path='textops/core.py', old=STUB, new=body))
+  try:
+    return ep, ep.step(call('submit'))
+  except env_repo.EnvFault:
+    return ep, 'fault'
+
+
+@pytest.mark.parametrize('memoize', [True, False])
+def test_identical_diffs_are_graded_once(env, memoize):
+  pool = _CountingPool()
+  memo_env = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', pool, env_repo.Settings(memoize_grades=memoize),
+                              ids=[SLUG])
+  bodies = ['  return text\n'] * 4 + ['  return text + ""\n']
+  with futures.ThreadPoolExecutor(len(bodies)) as ex:  # Concurrent askers wait for one grading.
+    done = list(ex.map(lambda body: _submitted(memo_env, body), bodies))
+  assert [final.reward for _, final in done] == [1.0] * 5
+  shared = [ep.stats.grade_shared for ep, _ in done]
+  assert len(pool.graded) == (2 if memoize else 5) and sum(shared) == (3 if memoize else 0)
+  assert len(set(pool.graded)) == 2
+  # A fault is never kept: the same diff again is graded again (and faults again).
+  assert [_submitted(memo_env, "  return 'boom'\n")[1] for _ in range(2)] == ['fault'] * 2
+  assert len(pool.graded) == (4 if memoize else 7)
+
+
+def test_a_renamed_tool_is_only_called_by_its_new_name(env):
+  renamed = env.renamed(('view', 'open'))
+  ep = renamed.reset(slug(env))
+  system = ep.prompt[0]['content']
+  assert '- open(path, start?, end?)' in system and '- view(' not in system
+  old = ep.step(call('view', path='textops/core.py'))
+  assert old.info['call_error'] == 'unknown_tool' and ep.stats.stale_name_calls == 1
+  assert critics.REGISTRY['tool_call'].hint(old.info, None, 0).endswith(
+      'the tools are open(path, start?, end?), search(pattern, path?), str_replace(path, old, new), '
+      'insert(path, line, text), create(path, text), run(command), submit().')
+  assert ep.step(call('open', path='textops/core.py', start=1, end=1)).observation.startswith('     1\t')
+  assert ep.step(call('open', path='textops/core.py', start='1')).info['detail'].startswith('open(path')
+  assert ep.stats.tool_calls == {'view': 1} and ep.stats.bad_calls == 2
+  assert env.reset(slug(env)).step(call('view', path='textops/core.py')).info['kind'] == 'call'
+  ep.close('context')
+  for bad in [('view',), ('view', 'search'), ('nope', 'x'), ('view', 'a b')]:
+    with pytest.raises(ValueError, match='repo.rename='):
+      env.renamed(bad)
+
+
+def test_splits_partition_the_tasks(env):
+  split = {s: {t.id for t in env_repo.RepoEnv(env.task_file, env.pool, env_repo.Settings(split=s)).tasks}
+           for s in ('train', 'held_out')}
+  assert split['train'] and split['held_out'] and not split['train'] & split['held_out']
+  assert split['train'] | split['held_out'] == {t.id for t in env.tasks}
+  with pytest.raises(ValueError, match="repo.split='test'"):
+    env_repo.Settings(split='test').validate()
+
+
 def test_each_critic_fires_on_its_trigger(env):
   messages = [
       'Let me look at the code first.',                                             # 0 malformed

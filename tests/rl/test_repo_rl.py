@@ -4,12 +4,15 @@ import json
 
 import numpy as np
 
-from experiments import repo_rl
+from experiments import repo_rl, repo_rl_table
 from research import configs
-from research.rl import loop, repo_oracle
+from research.rl import critics, env_repo, loop, repo_oracle
+from research.rl import repo_tools as tools
 from research.rl.sft import render
+from research.rl.trajectory import Trajectory
 from research.tokenizer.base import ByteTokenizer
 
+CHATML = tools.FORMATS['chatml']
 KEYS = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss', 'hack_rate',
         'env_seconds')
 
@@ -33,15 +36,24 @@ def _short(task_dir):
 def test_demonstrations_are_oracle_episodes_with_hints(repo_task_dir):
   c = configs.from_dict(loop.RLExperimentConfig, _config(repo_task_dir))
   env = loop.make_env(c.env)
-  demos = repo_oracle.Demonstrations(env, hint_fraction=1.0)(np.random.default_rng(0), 4)
-  tok = ByteTokenizer()
+  env = env.renamed(('view', 'open'))  # RL's drift: the warm start still uses the tools' own names.
+  demos = repo_oracle.Demonstrations(env, hint_fraction=1.0)(np.random.default_rng(0), 12)
+  tok = ByteTokenizer(env.words)
+  pool = {n for names in env_repo.NAME_POOL.values() for n in names}
+  renamed = 0
   for conv in demos:  # Each ends with a critic's hint and the one trained message it asks for.
     assert conv[-2]['role'] == 'system' and conv[-1]['role'] == 'assistant'
     assert [m for m in conv if m.get('loss')] == [conv[-1]]
     assert conv[-2]['content'].startswith(('Reminder: make exactly one tool call', 'Run the tests'))
     assert len(render(tok, conv)[0]) <= c.sampler.max_len
+    name = CHATML.parse(conv[-1]['content']).name
+    if name in pool:  # A renamed tool: the prompt and the reminder list the name the call uses.
+      renamed += 1
+      assert f'- {name}(' in conv[0]['content'] and f' {name}(' in conv[-2]['content']
+  assert 0 < renamed < len(demos)
   plain = repo_oracle.Demonstrations(env, hint_fraction=0.0)(np.random.default_rng(0), 1)[0]
   assert '"submit"' in plain[-1]['content'] and all(m['loss'] for m in plain if m['role'] == 'assistant')
+  assert CHATML.parse(plain[2]['content']).name == 'view' and '- view(' in plain[0]['content']
 
 
 def test_one_rl_step_writes_the_metrics(repo_task_dir, tmp_path):
@@ -52,3 +64,22 @@ def test_one_rl_step_writes_the_metrics(repo_task_dir, tmp_path):
   assert row['step'] == 1 and all(k in row for k in KEYS), sorted(row)
   assert row['env_seconds'] > 0 and 0 <= row['hack_rate'] <= 1
   assert (tmp_path / 'warmstart').exists()
+
+
+def test_table_row_counts_calls_submits_and_drift(repo_task_dir):
+  env = env_repo.RepoEnv(repo_task_dir / 'tasks.jsonl', settings=env_repo.Settings(rename=('view', 'open')))
+  task = env.tasks[0]
+  ep = env.reset(task)
+  a = Trajectory.from_prompt([0], prompt=ep.prompt)
+  for message in [CHATML.render(tools.Call('view', {'path': task.file})),   # the old name
+                  CHATML.render(tools.Call('open', {'path': task.file})),   # the new one
+                  CHATML.render(tools.Call('submit', {}))]:                 # untested
+    a.add_model([1], [0.0], message).info = dict(ep.step(message).info)
+  b = Trajectory.from_prompt([0], prompt=ep.prompt)
+  other = env.reset(task)
+  b.add_model([1], [0.0], 'no call').info = dict(other.step('no call').info)
+  other.close('context')
+  row = repo_rl_table.table_row([a, b], critics.Critic(list(repo_rl.get_config().critic.rules)), env.settings)
+  assert (row['episodes'], row['success'], row['valid_call_rate']) == (2, 0.0, 0.5)
+  assert (row['submits'], row['tested_before_submit'], row['drift_open_share']) == (1, 0.0, 0.5)
+  assert row['fires_per_episode']['tool_call'] == 1.0 and row['fires_per_episode']['untested_submit'] == 0.5
