@@ -17,7 +17,6 @@ import random
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 import threading
 
@@ -174,7 +173,7 @@ def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, o
     done = sandbox.run(command, cwd=tree,
                        ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
                        rw=[out], env=env, limits=limits, uid=uid, isolate=isolate,
-                       pass_fds=(write_fd,))
+                       pass_fds=(write_fd,), hide=sandbox.python_hidden(python))
   finally:
     os.close(write_fd)
   reader.join(timeout=10)
@@ -335,10 +334,14 @@ def limits_for(task: Task) -> sandbox.Limits:
   return sandbox.Limits(cpu_s=task.cpu_limit_s, wall_s=task.time_limit_s)
 
 
-def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
+def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
           isolate: bool = True, uid: int | None = None,
           limits: sandbox.Limits | None = None) -> Grade:
-  """Grades `patch` against the task whose pristine tree is `tree`."""
+  """Grades `patch` against the task whose pristine tree is `tree`.
+
+  Tests run with `python`, by default the task's own interpreter.
+  """
+  python = python or task.python
   try:
     sections = patch_lib.parse(patch)
   except patch_lib.PatchError as e:
