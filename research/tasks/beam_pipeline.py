@@ -161,7 +161,8 @@ def prepare(source: sources.Source, opts: Options) -> Iterable:
 
 
 def try_work(work: Work, opts: Options) -> dict:
-  """The candidate's result record: {'id', 'task', 'solution'} or {'id', 'gate', 'detail'}."""
+  """The candidate's result record: {'id', 'task', 'solution', 'hole'} or {'id', 'gate',
+  'detail'}."""
   done = _state(opts, work.source.key) / 'done' / (work.candidate.id.split('/', 1)[1] + '.json')
   if done.is_file():
     with open(done) as f:
@@ -174,7 +175,8 @@ def try_work(work: Work, opts: Options) -> dict:
     record = {'id': work.candidate.id, 'gate': result.gate, 'detail': result.detail}
   else:
     record = {'id': work.candidate.id, 'task': dataclasses.asdict(result[0]),
-              'solution': dataclasses.asdict(result[1])}
+              'solution': dataclasses.asdict(result[1]),
+              'hole': taskset.hole(result[0], Path(opts.out))}
   _atomic_write(done, json.dumps(record, sort_keys=True).encode())
   return record
 
@@ -185,7 +187,8 @@ def write(_, results: list[dict], reports: list[taskset.RepoReport], opts: Optio
   rejections = [{'candidate': r['id'], 'gate': r['gate'], 'detail': r['detail']}
                 for r in results if 'gate' in r]
   rejections += [r for report in reports for r in report.rejections]
-  stats = taskset.write(Path(opts.out), made, rejections, reports, opts.shards)
+  holes = {r['id']: r['hole'] for r in results if 'task' in r}
+  stats = taskset.write(Path(opts.out), made, holes, rejections, reports, opts.shards)
   print(taskset.table(stats), flush=True)
   return stats
 

@@ -235,6 +235,8 @@ def remove_copies(site: Path, modules: tuple[str, ...]) -> list[str]:
 def _install(spec: Spec, prefix: Path) -> None:
   subprocess.run([spec.python, '-m', 'venv', '--without-pip', str(prefix)], check=True,
                  capture_output=True)
+  if spec.inherit:  # First, so that pip counts what it inherits as installed.
+    (_site_packages(prefix) / '_inherited.pth').write_text(''.join(p + '\n' for p in spec.inherit))
   source = ['--no-index', '--find-links', spec.wheelhouse] if spec.wheelhouse else []
   done = subprocess.run(
       [sys.executable, '-m', 'pip', '--python', str(prefix / 'bin' / 'python'), 'install',
@@ -243,8 +245,6 @@ def _install(spec: Spec, prefix: Path) -> None:
   if done.returncode:
     raise RuntimeError(f'environment install failed for {list(spec.requirements)}: '
                        f'{done.stderr.strip()[-800:]}')
-  if spec.inherit:
-    (_site_packages(prefix) / '_inherited.pth').write_text(''.join(p + '\n' for p in spec.inherit))
 
 
 def _freeze(prefix: Path) -> list[str]:

@@ -47,15 +47,23 @@ def _code_key(deleted: str) -> str:
     return _digest(' '.join(deleted.split()))
 
 
-def dedupe(made: list[tuple[Task, Solution]], out: Path
+def hole(task: Task, out: Path) -> str:
+  """A digest of the file the task leaves with a hole (what two modes may share)."""
+  return _digest(task.repo + '\0' + task.file + '\0' +
+                 (out / task.grading_tree / task.file).read_text(errors='replace'))
+
+
+def dedupe(made: list[tuple[Task, Solution]], holes: dict[str, str], out: Path
            ) -> tuple[list[tuple[Task, Solution]], list[dict]]:
-  """(kept, rejection records of the duplicates); the duplicates' trees are deleted from out."""
+  """(kept, rejection records of the duplicates); the duplicates' trees are deleted from out.
+
+  `holes` maps task ids to their hole digests.
+  """
   first = {}
   kept, dropped = [], []
   for task, solution in sorted(made, key=lambda m: m[0].id):
-    hole = _digest(task.repo + '\0' + task.file + '\0' +
-                   (out / task.grading_tree / task.file).read_text(errors='replace'))
-    keys = [('same deleted code as', _code_key(solution.deleted)), ('same hole as', hole)]
+    keys = [('same deleted code as', _code_key(solution.deleted)),
+            ('same hole as', holes[task.id])]
     twin = next(((why, first[k]) for why, k in keys if k in first), None)
     if twin is None:
       first.update({k: task.id for _, k in keys})
@@ -115,10 +123,10 @@ def plot(stats: dict, path: Path) -> None:
   plt.close(fig)
 
 
-def write(out: Path, made: list[tuple[Task, Solution]], rejections: list[dict],
-          reports: list[RepoReport], shards: int) -> dict:
+def write(out: Path, made: list[tuple[Task, Solution]], holes: dict[str, str],
+          rejections: list[dict], reports: list[RepoReport], shards: int) -> dict:
   """Writes the task set (shards, solutions, rejections, summary); returns the statistics."""
-  made, duplicates = dedupe(made, out)
+  made, duplicates = dedupe(made, holes, out)
   rejections = sorted(rejections + duplicates, key=lambda r: r['candidate'])
   tasks = [t for t, _ in made]
   task_lib.write_shards(out, tasks, [s for _, s in made], shards)
