@@ -32,6 +32,7 @@ from research.tasks import sandbox
 from research.tasks import scrub
 from research.tasks import tamper
 from research.tasks import task as task_lib
+from research.tasks import taskset
 from research.tasks import twins
 from research.tasks.task import Solution, Task
 
@@ -293,6 +294,10 @@ def make_tasks(repo: Path, out: Path, *, fmt: str = 'jsonl', progress: bool = Tr
     f.writelines(json.dumps(r) + '\n' for r in rejections)
   with open(out / 'summary.json', 'w') as f:
     json.dump({**dataclasses.asdict(summary), 'rejected': dict(summary.rejected)}, f, indent=1)
+  report = taskset.RepoReport(summary.repo, settings.environment, summary.candidates,
+                              summary.tried, summary.stable_tests, summary.repo_rejected, [])
+  taskset.plot(taskset.statistics([m[0] for m in made], rejections, [report]),
+               out / 'summary.png')
   log(summary.table())
   return summary
 

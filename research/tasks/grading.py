@@ -106,13 +106,20 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
   kinds = collections.defaultdict(list)
   phases = collections.defaultdict(dict)
   problems = []
+  subtests_failed = set()
   for e in events:
     kinds[e['kind']].append(e)
-    if e['kind'] == 'test':
+    if e['kind'] == 'test' and e['when'] == 'subtest':
+      if e['outcome'] == 'failed':
+        subtests_failed.add(e['nodeid'])
+    elif e['kind'] == 'test':
       if e['when'] in phases[e['nodeid']]:
         problems.append(f'{e["nodeid"]} reported twice')
       phases[e['nodeid']][e['when']] = e
   outcomes = {nodeid: _final_outcome(p) for nodeid, p in phases.items()}
+  for nodeid in subtests_failed:
+    if outcomes.get(nodeid) == PASSED:
+      outcomes[nodeid] = 'failed'
   for e in kinds['collect_error']:
     outcomes.setdefault(e['nodeid'], 'error')
   collected = {n for e in kinds['collected'] for n in e['nodeids']}
@@ -126,7 +133,10 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
   return outcomes, kinds, sorted(set(problems))
 
 
-_SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)(?: - .*)?$', re.M)
+# A failed subtest (pytest 9: `SUBFAILED(i=1) nodeid`) fails its test, which pytest may still
+# list as PASSED.
+_SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS|SUBFAILED(?=\S* ))\S* (.+?)(?: - .*)?$',
+                      re.M)
 _VERBOSE_PASS = re.compile(r'^(\S+::\S+) PASSED', re.M)
 
 
@@ -134,7 +144,7 @@ def _claims(output: str) -> dict[str, set[str]]:
   """Nodeids per word of pytest's summary lines (PASSED, FAILED, ...) in `output`."""
   lines = collections.defaultdict(set)
   for word, nodeid in _SUMMARY.findall(output):
-    lines[word].add(nodeid)
+    lines[word.removeprefix('SUB')].add(nodeid)
   return lines
 
 
