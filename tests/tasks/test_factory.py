@@ -115,7 +115,7 @@ def test_near_duplicates_are_dropped_by_code_or_by_hole(fixture_tasks, tmp_path)
   a, b, c = (tasks[i] for i in ('textops.core.title_case.body', 'textops.core.wrap.body',
                                 'textops.stats.top_words.body'))
   # The same code deleted in another repository, reformatted: a duplicate of `a`.
-  moved = dataclasses.replace(a, id='other/textops.core.title_case.body', repo='other')
+  moved = dataclasses.replace(a, id='z/textops.core.title_case.body', repo='z')
   reformatted = dataclasses.replace(solutions[a.id], deleted=solutions[a.id].deleted.replace(
       '(', '(  ', 1) + '  # a comment\n')
   holes = {a.id: 'h1', b.id: 'h2', c.id: 'h2', moved.id: 'h3'}
@@ -123,5 +123,5 @@ def test_near_duplicates_are_dropped_by_code_or_by_hole(fixture_tasks, tmp_path)
   kept, dropped = taskset.dedupe(made, holes, tmp_path)
   assert [t.id for t, _ in kept] == [a.id, b.id]
   assert dropped == [
-      {'candidate': moved.id, 'gate': 'duplicate', 'detail': f'same deleted code as {a.id}'},
-      {'candidate': c.id, 'gate': 'duplicate', 'detail': f'same hole as {b.id}'}]
+      {'candidate': c.id, 'gate': 'duplicate', 'detail': f'same hole as {b.id}'},
+      {'candidate': moved.id, 'gate': 'duplicate', 'detail': f'same deleted code as {a.id}'}]
