@@ -133,10 +133,10 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
   return outcomes, kinds, sorted(set(problems))
 
 
-# A failed subtest (pytest 9: `SUBFAILED(i=1) nodeid`) fails its test, which pytest may still
-# list as PASSED.
-_SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS|SUBFAILED(?=\S* ))\S* (.+?)(?: - .*)?$',
-                      re.M)
+_SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)(?: - .*)?$', re.M)
+# A failed subtest (pytest 9: `SUBFAILED[msg] (i=1, j=2) nodeid - ...`) fails its test, which
+# pytest may still list as PASSED.
+_SUBFAILED = re.compile(r'^SUBFAILED.*? (\S+::\S+)(?: - .*)?$', re.M)
 _VERBOSE_PASS = re.compile(r'^(\S+::\S+) PASSED', re.M)
 
 
@@ -144,7 +144,8 @@ def _claims(output: str) -> dict[str, set[str]]:
   """Nodeids per word of pytest's summary lines (PASSED, FAILED, ...) in `output`."""
   lines = collections.defaultdict(set)
   for word, nodeid in _SUMMARY.findall(output):
-    lines[word.removeprefix('SUB')].add(nodeid)
+    lines[word].add(nodeid)
+  lines['FAILED'].update(_SUBFAILED.findall(output))
   return lines
 
 
