@@ -114,6 +114,7 @@ def plot(stats: dict, path: Path) -> None:
   axes[0].set_title('kept tasks by repository')
   gates = stats['rejected_by_gate']
   axes[1].barh(list(gates), list(gates.values()))
+  axes[1].set_xscale('log')  # One gate (no covering test) usually dwarfs the rest.
   axes[1].set_title('rejected candidates by gate')
   for ax, (signal, values) in zip(axes[2:], stats['signals'].items()):
     ax.hist(values, bins=min(20, max(1, len(set(values)))))
