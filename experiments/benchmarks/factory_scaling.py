@@ -6,7 +6,8 @@ python -m experiments.benchmarks.factory_scaling --repos=experiments/task_repos.
 Both runs see the same repositories and the same seeded sample of candidates, each into a fresh
 output directory; environments and the original suites' results come from the cache (a first,
 warm-up run fills it), so the candidates' gates are what is timed. Reports candidates per second
-of each run, their ratio, the load average before each run, kept tasks per repository, and
+of each run, their ratio, the 1-minute load average before and after each run (the machine may
+be shared), kept tasks per repository, and
 whether both runs wrote identical task records (determinism).
 """
 import json
@@ -44,6 +45,7 @@ def _run(repos: list[sources.Source], workers: int) -> dict:
   tried = sum(r['tried'] for r in stats['repos'].values())
   return {'workers': workers, 'seconds': round(seconds, 1), 'candidates': tried,
           'candidates_per_s': round(tried / seconds, 4), 'load_before': round(load, 1),
+          'load_after': round(os.getloadavg()[0], 1),
           'kept_by_repo': {k: r['kept'] for k, r in stats['repos'].items()},
           'records': [p.read_bytes() for p in task_lib.shard_paths(out)]}
 

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 import pickle
 import random
 import shutil
+import subprocess
 import tempfile
 import time
 from typing import Iterable
@@ -97,19 +98,19 @@ def _profile(base: Path, key: str, opts: Options) -> envs.Profile:
 def _prepare_fresh(source: sources.Source, opts: Options
                    ) -> tuple[taskset.RepoReport, list[Work]]:
   cache = Path(opts.cache)
-  base = _base(source, cache)
-  modules = [PurePosixPath(p).name for p in layout.source_packages(base)]
   env, works, summary = None, [], factory.Summary(source.key)
   rejections, prepared = [], None
-  try:
+  try:  # A repository that cannot be fetched or given an environment is rejected, not fatal.
+    base = _base(source, cache)
+    modules = [PurePosixPath(p).name for p in layout.source_packages(base)]
     spec = envs.spec_for(base, modules, _profile(base, source.key, opts),
                          wheelhouse=opts.wheelhouse)
     env = envs.build(spec, cache / 'envs')
     settings = dataclasses.replace(opts.settings, python=env.python, environment=env.id,
                                    id_prefix=source.key)
     summary, rejections, prepared = _suite(base, source, settings, cache)
-  except RuntimeError as e:
-    summary.repo_rejected = str(e)
+  except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+    summary.repo_rejected = f'{type(e).__name__}: {e}'[:1000]
   if prepared is not None:
     cands = sorted(prepared.candidates, key=lambda c: c.id)
     random.Random(f'{opts.settings.seed}:{source.key}').shuffle(cands)

@@ -30,7 +30,8 @@ def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path,
   shutil.copytree(fx.repo, copy)
   wheels = tmp_path / 'wheels'
   fixtures.write_wheel(wheels, 'numdep', '1.0', {'numdep.py': fixtures.NUMDEP})
-  repos = [sources.parse(str(fx.repo)), sources.parse(str(copy))]
+  repos = [sources.parse(str(fx.repo)), sources.parse(str(copy)),
+           sources.parse(str(tmp_path / 'missing'))]
 
   def opts(out):
     return beam_pipeline.Options(
@@ -67,6 +68,9 @@ def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path,
   assert all(t.lines_deleted > 0 and t.covering_tests > 0 and t.cyclomatic >= 1 for t in tasks)
   stats = json.loads((first / 'summary.json').read_text())
   assert stats['repos']['textops-copy']['kept'] == 0 and stats['repos']['repo']['kept'] == 5
+  # A repository that cannot be fetched is rejected with the reason; the others go on.
+  assert stats['repos']['missing']['repo_rejected'].startswith(
+      'ValueError: not a NAME==VERSION, sdist, git URL or directory')
   assert stats['rejected_by_gate'] == {'duplicate': 5, 'not_importable': 2}
   assert Image.open(first / 'summary.png').size[0] > 0
 
