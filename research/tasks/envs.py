@@ -1,7 +1,7 @@
 """An environment per repository: a venv with the repository's own dependencies and test tools.
 
 The requirements come from the repository's metadata (pyproject dependencies and test extras,
-setup.cfg, requirements files, tox's default `deps`), overridden by a per-repository profile where
+setup.cfg, requirements files, tox's default `deps`, noxfile test sessions' installs), overridden by a per-repository profile where
 that is not enough (experiments/task_repos.py). The repository itself is never installed. The venv
 is built without pip or setuptools, offline from a wheelhouse when one is given, into a directory
 named by the hash of everything that decides its contents, then made read-only: a second build of
@@ -9,6 +9,7 @@ the same spec is a cache hit, and concurrent builders of one spec agree. Copies 
 repository's packages that dependencies bring along (vendored or installed) are removed, so the
 policy, who can read the environment, does not find the deleted code there.
 """
+import ast
 import configparser
 import dataclasses
 import hashlib
@@ -143,6 +144,25 @@ def _tox_deps(repo: Path, seen: set[str]) -> list[str]:
   return out
 
 
+def _nox_installs(repo: Path) -> list[str]:
+  """Literal `session.install(...)` arguments in the test sessions (name has 'test') of
+  noxfile.py, read without running it."""
+  path = repo / 'noxfile.py'
+  if not path.is_file():
+    return []
+  try:
+    tree = ast.parse(path.read_text(errors='replace'))
+  except SyntaxError:
+    return []
+  out = []
+  for fn in tree.body:
+    if isinstance(fn, ast.FunctionDef) and 'test' in fn.name:
+      out += [arg.value for call in ast.walk(fn) if isinstance(call, ast.Call)
+              and isinstance(call.func, ast.Attribute) and call.func.attr == 'install'
+              for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+  return out
+
+
 def metadata_requirements(repo: Path, extras: tuple[str, ...] = TEST_EXTRAS) -> list[str]:
   """Raw requirement strings the repository's metadata asks for (runtime and tests)."""
   found = []
@@ -162,7 +182,7 @@ def metadata_requirements(repo: Path, extras: tuple[str, ...] = TEST_EXTRAS) -> 
   seen = set()
   for rel in _REQUIREMENT_FILES:
     found += _requirement_file(repo, rel, seen)
-  return found + _tox_deps(repo, seen)
+  return found + _tox_deps(repo, seen) + _nox_installs(repo)
 
 
 def requirements(repo: Path, profile: Profile) -> tuple[str, ...]:

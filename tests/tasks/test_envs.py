@@ -20,13 +20,16 @@ def test_requirements_come_from_every_kind_of_metadata(tmp_path):
       'requirements-test.txt': '-r requirements/base.txt\nfreezegun==1.0  # pinned\n-e .\n',
       'requirements/base.txt': 'toolz\n',
       'tox.ini': '[testenv]\ndeps =\n  pytest<8\n  {toxinidir}/x\n  -rrequirements-test.txt\n'
-                 '[testenv:docs]\ndeps = sphinx-rtd-theme\n'})
+                 '[testenv:docs]\ndeps = sphinx-rtd-theme\n',
+      'noxfile.py': 'import nox\n\n@nox.session\ndef tests(session):\n'
+                    '  session.install("-e", ".", "pytest-timeout==2.1")\n  session.run("pytest")\n\n'
+                    '@nox.session\ndef lint(session):\n  session.install("flake8")\n'})
   profile = envs.Profile.from_dict({'requirements': ['attrs==23.1.0', 'coverage==7.0']})
   # The profile's pins win, the repository itself and markers that do not hold are left out,
-  # tox's `pytest<8` stands in for the default tool, and only test extras count.
+  # tox's `pytest<8` stands in for the default tool, and only test extras and sessions count.
   assert envs.requirements(repo, profile) == (
       'attrs==23.1.0', 'coverage==7.0', 'freezegun==1.0', 'hypothesis', 'mock', 'pytest<8',
-      'six', 'toolz')
+      'pytest-timeout==2.1', 'six', 'toolz')
 
 
 def test_profiles_reject_unknown_keys_and_bare_strings():
