@@ -202,7 +202,7 @@ def requirements(repo: Path, profile: Profile) -> tuple[str, ...]:
       continue
     name = pkg_utils.canonicalize_name(req.name)
     if name not in own and (req.marker is None or req.marker.evaluate()):
-      req.marker, req.extras = None, {e for e in req.extras if e not in profile.extras}
+      req.marker = None  # Evaluated here, with the interpreter the environment is made from.
       by_name.setdefault(name, str(req))
   for pin in profile.requirements:
     by_name[pkg_utils.canonicalize_name(req_lib.Requirement(pin).name)] = pin
