@@ -12,13 +12,12 @@ busy cores) and cachetools 5.5.0 (20 in about 100 s); toolz 1.2.0 works too (20 
 """
 import json
 from pathlib import Path
-import subprocess
-import sys
 import tempfile
 
 from absl import app, flags
 
 from research.tasks import redteam
+from research.tasks import sources
 from research.tasks import task as task_lib
 
 _JSON = flags.DEFINE_string('json', None, 'Where to write the full report.')
@@ -35,17 +34,10 @@ _WORKERS = flags.DEFINE_integer('workers', 2, 'Policies and graders run in paral
 
 def fetch_sdist(spec: str, cache: Path) -> Path:
   """The sdist for NAME==VERSION, downloaded into cache unless it is there already."""
-  name, sep, version = spec.partition('==')
-  if not sep or not name or not version:
-    raise app.UsageError(f'expected a .tar.gz path or NAME==VERSION, got {spec!r}')
-  found = [p for p in cache.glob('*.tar.gz')
-           if p.name.lower().replace('_', '-') == f'{name}-{version}.tar.gz'.lower()]
-  if found:
-    return found[0]
-  cache.mkdir(parents=True, exist_ok=True)
-  subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--no-binary', ':all:',
-                  '-d', str(cache), spec], check=True, capture_output=True)
-  return fetch_sdist(spec, cache)
+  try:
+    return sources.fetch_sdist(spec, cache)
+  except ValueError as e:
+    raise app.UsageError(f'expected a .tar.gz path or NAME==VERSION: {e}') from e
 
 
 def table(report: dict) -> str:

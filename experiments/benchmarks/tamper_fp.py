@@ -53,8 +53,8 @@ def measure(package: Path, modes: tuple[str, ...] = task_lib.MODES) -> LibraryRe
     covered = {f: dict.fromkeys(range(1, len((tree / f).read_bytes().splitlines()) + 2), {'t'})
                for f in files}
     summary = factory.Summary(package.name)
-    cands = factory._candidates(tree, [package.name], covered, modes, None, summary,
-                                lambda *_: None)
+    cands = factory._candidates(tree, [package.name], covered, factory.Settings(modes=modes),
+                                summary, lambda *_: None)
     result.candidates = len(cands)
     originals = {}  # file -> (source, findings): one parse of each original.
     for cand in cands:

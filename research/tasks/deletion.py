@@ -1,6 +1,7 @@
 """Deletes code: a function body, a whole function or method, or a feature (symbol + helpers)."""
 import ast
 import dataclasses
+import textwrap
 
 STUB = 'raise NotImplementedError'
 
@@ -140,3 +141,23 @@ def helpers(source: str, sym: Symbol) -> list[Symbol]:
     changed = bool(used_elsewhere)
     chosen -= used_elsewhere
   return [funcs[n] for n in sorted(chosen)]
+
+
+def parse_fragment(code: str) -> ast.Module:
+  """Parses deleted code: a whole (possibly indented) definition, or a body parsed inside an
+  `if` when it is not valid at the top level."""
+  try:
+    return ast.parse(textwrap.dedent(code))
+  except SyntaxError:
+    return ast.parse('if 1:\n' + code).body[0]
+
+
+_BRANCHES = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler, ast.With,
+             ast.AsyncWith, ast.BoolOp, ast.comprehension, ast.match_case, ast.Assert)
+
+
+def cyclomatic(code: str) -> int:
+  """1 + the decision points (branches, loops, handlers, boolean operators) of deleted code."""
+  tree = parse_fragment(code)
+  wrapper = isinstance(tree, ast.If)  # The `if` parse_fragment added is no decision of the code.
+  return 1 + sum(isinstance(n, _BRANCHES) for n in ast.walk(tree)) - wrapper

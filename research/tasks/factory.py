@@ -32,6 +32,7 @@ from research.tasks import sandbox
 from research.tasks import scrub
 from research.tasks import tamper
 from research.tasks import task as task_lib
+from research.tasks import taskset
 from research.tasks import twins
 from research.tasks.task import Solution, Task
 
@@ -85,10 +86,12 @@ class Candidate:
   mode: str
   removed: tuple[deletion.Symbol, ...]  # What goes: the symbol, plus helpers in feature mode.
   tests: frozenset[str]  # Stable tests that execute the removed code.
+  prefix: str = ''  # The repository's key when one task set holds several repositories.
 
   @property
   def id(self) -> str:
-    return re.sub(r'[^A-Za-z0-9_.-]', '_', f'{self.module}.{self.symbol.qualname}.{self.mode}')
+    local = re.sub(r'[^A-Za-z0-9_.-]', '_', f'{self.module}.{self.symbol.qualname}.{self.mode}')
+    return f'{self.prefix}/{local}' if self.prefix else local
 
   @property
   def test_files(self) -> list[str]:
@@ -151,7 +154,8 @@ class _Env:
                        ro=[*([tree] if tree else []), *sandbox.python_roots(self.python),
                            *self.site_dirs],
                        env={'PATH': '/usr/bin:/bin', 'HOME': '/tmp', 'LANG': 'C.UTF-8'},
-                       limits=sandbox.Limits(cpu_s=60, wall_s=120), isolate=self.isolate)
+                       limits=sandbox.Limits(cpu_s=60, wall_s=120), isolate=self.isolate,
+                       hide=sandbox.python_hidden(self.python))
     if done.returncode:
       raise Rejected('not_importable', done.output.strip().splitlines()[-1][:300]
                      if done.output.strip() else f'exit {done.returncode}')
@@ -167,8 +171,7 @@ _IMPORT = 'import importlib\nfor name in sys.argv[1:]: importlib.import_module(n
 
 
 def _candidates(tree: Path, packages: list[str], covered: dict[str, dict[int, set[str]]],
-                modes: tuple[str, ...], only: Collection[str] | None, summary: Summary,
-                reject) -> list[Candidate]:
+                settings: 'Settings', summary: Summary, reject) -> list[Candidate]:
   """Every (function, mode) pair; those no test exercises are rejected here."""
   out = []
   root = layout.source_root(tree)
@@ -184,9 +187,9 @@ def _candidates(tree: Path, packages: list[str], covered: dict[str, dict[int, se
       continue
     lines = covered.get(rel, {})
     for sym in syms:
-      if only is not None and sym.qualname not in only:
+      if settings.only is not None and sym.qualname not in settings.only:
         continue
-      for mode in modes:
+      for mode in settings.modes:
         removed = [sym]
         if mode == 'feature':
           if sym.private or sym.in_class:
@@ -199,7 +202,8 @@ def _candidates(tree: Path, packages: list[str], covered: dict[str, dict[int, se
           first = r.body_start or r.start
           for line in range(first, r.end + 1):
             tests |= lines.get(line, set())
-        cand = Candidate(rel, module, sym, mode, tuple(removed), frozenset(tests))
+        cand = Candidate(rel, module, sym, mode, tuple(removed), frozenset(tests),
+                         settings.id_prefix)
         summary.candidates += 1
         if not tests:
           reject(cand, 'no_covering_test', 'no test executes this code')
@@ -236,6 +240,8 @@ class Settings:
   isolate: bool = True
   visible_tests: bool = False  # Keep the task's test files in the policy's tree.
   max_twins: int = 4  # Mutant twins per grading, at most.
+  id_prefix: str = ''  # Prepended to task ids (and tree paths) as '<prefix>/'.
+  environment: str | None = None  # The id of the environment `python` belongs to.
 
   def __post_init__(self):
     if self.max_twins < 1:
@@ -243,7 +249,7 @@ class Settings:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Prepared:
+class Prepared:
   """What the repository-level gates leave for the candidates."""
   repo: str
   env: _Env
@@ -277,7 +283,7 @@ def make_tasks(repo: Path, out: Path, *, fmt: str = 'jsonl', progress: bool = Tr
     base = Path(tmp) / repo.name
     layout.copy_tree(repo, base)
     try:
-      prepared = _prepare(base, settings, summary, reject)
+      prepared = prepare(base, settings, summary, reject)
     except Rejected as e:
       summary.repo_rejected = str(e)
       prepared = None
@@ -288,20 +294,20 @@ def make_tasks(repo: Path, out: Path, *, fmt: str = 'jsonl', progress: bool = Tr
     f.writelines(json.dumps(r) + '\n' for r in rejections)
   with open(out / 'summary.json', 'w') as f:
     json.dump({**dataclasses.asdict(summary), 'rejected': dict(summary.rejected)}, f, indent=1)
+  report = taskset.RepoReport(summary.repo, settings.environment, summary.candidates,
+                              summary.tried, summary.stable_tests, summary.repo_rejected, [])
+  taskset.plot(taskset.statistics([m[0] for m in made], rejections, [report]),
+               out / 'summary.png')
   log(summary.table())
   return summary
 
 
-def _make_all(base: Path, out: Path, prepared: _Prepared, settings: Settings, summary: Summary,
+def _make_all(base: Path, out: Path, prepared: Prepared, settings: Settings, summary: Summary,
               reject: Reject, progress: bool) -> list[tuple[Task, Solution]]:
   """Tries the candidates in a seeded order, until max_tasks are kept."""
   cands = list(prepared.candidates)
   random.Random(settings.seed).shuffle(cands)
-  leaks = {}
-  if cands:
-    leaks = scrub.scan_environment(
-        [*sandbox.python_roots(settings.python), *settings.site_dirs],
-        _fingerprint_all(base, cands, settings.visible_tests))
+  leaks = environment_leaks(base, cands, settings)
   made = []
   bar = tqdm.tqdm(cands, desc=f'tasks from {summary.repo}', unit='candidate',
                   disable=not progress)
@@ -309,20 +315,28 @@ def _make_all(base: Path, out: Path, prepared: _Prepared, settings: Settings, su
     if settings.max_tasks is not None and summary.kept >= settings.max_tasks:
       break
     summary.tried += 1
-    try:
-      made.append(_make_one(base, out, cand, prepared, settings, leaks.get(cand.id, [])))
-    except Rejected as e:
-      reject(cand, e.gate, e.detail)
-      continue
-    except Exception:  # The factory never stops on one bad candidate.
-      reject(cand, 'error', traceback.format_exc(limit=3)[-500:])
-      continue
-    summary.kept += 1
-    bar.set_postfix(kept=summary.kept)
+    result = try_candidate(base, out, cand, prepared, settings, leaks.get(cand.id, []))
+    if isinstance(result, Rejected):
+      reject(cand, result.gate, result.detail)
+    else:
+      made.append(result)
+      summary.kept += 1
+    bar.set_postfix(kept=summary.kept, rejected=sum(summary.rejected.values()))
   return made
 
 
-def _prepare(base: Path, settings: Settings, summary: Summary, reject: Reject) -> _Prepared:
+def try_candidate(base: Path, out: Path, cand: Candidate, prepared: Prepared,
+                  settings: Settings, env_leaks: list[str]) -> tuple[Task, Solution] | Rejected:
+  """The task and solution, or why the candidate was rejected (never raises for it)."""
+  try:
+    return _make_one(base, out, cand, prepared, settings, env_leaks)
+  except Rejected as e:
+    return e
+  except Exception:  # The factory never stops on one bad candidate.
+    return Rejected('error', traceback.format_exc(limit=3)[-500:])
+
+
+def prepare(base: Path, settings: Settings, summary: Summary, reject: Reject) -> Prepared:
   """Repository-level gates; returns the environment, candidates, stable tests and timing."""
   packages = layout.source_packages(base)
   tests = layout.test_files(base)
@@ -347,14 +361,25 @@ def _prepare(base: Path, settings: Settings, summary: Summary, reject: Reject) -
   covered = tests_by_line(results[0].coverage_file, base)
   shutil.rmtree(results[0].coverage_file.parent)
   covered = {f: {line: ts & stable for line, ts in lines.items()} for f, lines in covered.items()}
-  wall = max(r.wall_s for r in results[1:] or results)
-  cands = _candidates(base, packages, covered, settings.modes, settings.only, summary, reject)
-  return _Prepared(base.name, env, cands, stable, wall)
+  # Rounded up to a power of two seconds, so that a rerun writes the same limits.
+  wall = 2.0 ** math.ceil(math.log2(max(1.0, *(r.wall_s for r in results[1:] or results))))
+  cands = _candidates(base, packages, covered, settings, summary, reject)
+  return Prepared(base.name, env, cands, stable, wall)
 
 
 def _hidden(cand: Candidate, visible_tests: bool) -> list[str]:
   """Test files kept out of the policy's tree: every file that holds a required test."""
   return [] if visible_tests else cand.test_files
+
+
+def environment_leaks(base: Path, cands: list[Candidate], settings: Settings
+                      ) -> dict[str, list[str]]:
+  """Candidate id -> files of the environment (all it mounts) that hold its deleted code."""
+  if not cands:
+    return {}
+  return scrub.scan_environment([*sandbox.python_roots(settings.python), *settings.site_dirs],
+                                _fingerprint_all(base, cands, settings.visible_tests),
+                                skip=sandbox.python_hidden(settings.python))
 
 
 def _fingerprint_all(base: Path, cands: list[Candidate], visible_tests: bool
@@ -397,7 +422,7 @@ class _Outcome:
   limits: sandbox.Limits
 
 
-def _run_deleted(deleted_tree: Path, cand: Candidate, prepared: _Prepared) -> _Outcome:
+def _run_deleted(deleted_tree: Path, cand: Candidate, prepared: Prepared) -> _Outcome:
   prepared.env.python_check(_IMPORT, [cand.module], deleted_tree)
   files = cand.test_files
   wall = prepared.wall
@@ -414,7 +439,7 @@ def _run_deleted(deleted_tree: Path, cand: Candidate, prepared: _Prepared) -> _O
 
 
 def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
-                  prepared: _Prepared, seed: int) -> list[str]:
+                  prepared: Prepared, seed: int) -> list[str]:
   """Sites where twins fail on the original: two twins per candidate site, in one run.
 
   Up to _TWIN_SITES sites, from F2P and P2P tests alternately in a seeded order. `tree` (the
@@ -448,7 +473,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
   return verified
 
 
-def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, settings: Settings,
+def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settings: Settings,
               env_leaks: list[str]) -> tuple[Task, Solution]:
   hidden = _hidden(cand, settings.visible_tests)
   tree = out / 'trees' / cand.id
@@ -471,7 +496,7 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, setti
       if leaks:
         raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
       sites = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
-    task = _task(cand, out, tree, graded, outcome, prepared, settings, sites)
+    task = _task(cand, out, tree, graded, outcome, prepared, settings, sites, removed)
     solution = Solution(cand.id, patch_lib.file_diff(
         cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
         removed, prints)
@@ -488,7 +513,7 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: _Prepared, setti
 
 
 def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcome,
-          prepared: _Prepared, settings: Settings, sites: list[str]) -> Task:
+          prepared: Prepared, settings: Settings, sites: list[str], removed: str) -> Task:
   env, files = prepared.env, cand.test_files
   packages = layout.source_packages(graded)
   return Task(
@@ -500,4 +525,7 @@ def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcom
       python_path=env.python_path, site_dirs=env.site_dirs, config_file=env.config_file,
       time_limit_s=outcome.limits.wall_s, cpu_limit_s=outcome.limits.cpu_s,
       tree=tree.relative_to(out).as_posix(), grading_tree=graded.relative_to(out).as_posix(),
-      visible_tests=settings.visible_tests, twin_sites=sites, max_twins=settings.max_twins)
+      visible_tests=settings.visible_tests, twin_sites=sites, max_twins=settings.max_twins,
+      python=env.python, environment=settings.environment,
+      lines_deleted=sum(1 for line in removed.splitlines() if line.strip()),
+      covering_tests=len(cand.tests), cyclomatic=deletion.cyclomatic(removed))

@@ -5,8 +5,10 @@
 the repository also carries everything that leaks code in real checkouts: bytecode, tool
 caches, coverage HTML, build output, built docs, egg-info and an sdist.
 """
+import base64
 import compileall
 import dataclasses
+import hashlib
 import html
 import io
 import json
@@ -16,6 +18,7 @@ import shutil
 import subprocess
 import tarfile
 import textwrap
+import zipfile
 
 CORE = '''\
 """Text helpers."""
@@ -314,6 +317,26 @@ def write_repo(root: Path, files: dict[str, str]) -> Path:
   """A repository with the given files (for bad-input cases); dedented."""
   _write(root, {rel: textwrap.dedent(text) for rel, text in files.items()})
   return root
+
+
+def write_wheel(wheelhouse: Path, name: str, version: str, files: dict[str, str]) -> Path:
+  """A pure-Python wheel of `files` (paths inside site-packages), as a build backend makes."""
+  def record(path: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
+    return f'{path},sha256={digest},{len(data)}'
+  info = f'{name}-{version}.dist-info'
+  files = {**files, f'{info}/METADATA': f'Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n',
+           f'{info}/WHEEL': 'Wheel-Version: 1.0\nGenerator: fixtures\nRoot-Is-Purelib: true\n'
+                            'Tag: py3-none-any\n'}
+  wheelhouse.mkdir(parents=True, exist_ok=True)
+  path = wheelhouse / f'{name}-{version}-py3-none-any.whl'
+  with zipfile.ZipFile(path, 'w') as z:
+    lines = []
+    for rel, text in files.items():
+      z.writestr(rel, text)
+      lines.append(record(rel, text.encode()))
+    z.writestr(f'{info}/RECORD', '\n'.join(lines + [f'{info}/RECORD,,']) + '\n')
+  return path
 
 
 def install_copy(fixture: Fixture, site: Path) -> None:

@@ -17,7 +17,6 @@ import random
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 import threading
 
@@ -107,13 +106,20 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
   kinds = collections.defaultdict(list)
   phases = collections.defaultdict(dict)
   problems = []
+  subtests_failed = set()
   for e in events:
     kinds[e['kind']].append(e)
-    if e['kind'] == 'test':
+    if e['kind'] == 'test' and e['when'] == 'subtest':
+      if e['outcome'] == 'failed':
+        subtests_failed.add(e['nodeid'])
+    elif e['kind'] == 'test':
       if e['when'] in phases[e['nodeid']]:
         problems.append(f'{e["nodeid"]} reported twice')
       phases[e['nodeid']][e['when']] = e
   outcomes = {nodeid: _final_outcome(p) for nodeid, p in phases.items()}
+  for nodeid in subtests_failed:
+    if outcomes.get(nodeid) == PASSED:
+      outcomes[nodeid] = 'failed'
   for e in kinds['collect_error']:
     outcomes.setdefault(e['nodeid'], 'error')
   collected = {n for e in kinds['collected'] for n in e['nodeids']}
@@ -128,6 +134,9 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
 
 
 _SUMMARY = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS) (.+?)(?: - .*)?$', re.M)
+# A failed subtest (pytest 9: `SUBFAILED[msg] (i=1, j=2) nodeid - ...`) fails its test, which
+# pytest may still list as PASSED.
+_SUBFAILED = re.compile(r'^SUBFAILED.*? (\S+::\S+)(?: - .*)?$', re.M)
 _VERBOSE_PASS = re.compile(r'^(\S+::\S+) PASSED', re.M)
 
 
@@ -136,6 +145,7 @@ def _claims(output: str) -> dict[str, set[str]]:
   lines = collections.defaultdict(set)
   for word, nodeid in _SUMMARY.findall(output):
     lines[word].add(nodeid)
+  lines['FAILED'].update(_SUBFAILED.findall(output))
   return lines
 
 
@@ -174,7 +184,7 @@ def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, o
     done = sandbox.run(command, cwd=tree,
                        ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
                        rw=[out], env=env, limits=limits, uid=uid, isolate=isolate,
-                       pass_fds=(write_fd,))
+                       pass_fds=(write_fd,), hide=sandbox.python_hidden(python))
   finally:
     os.close(write_fd)
   reader.join(timeout=10)
@@ -335,10 +345,14 @@ def limits_for(task: Task) -> sandbox.Limits:
   return sandbox.Limits(cpu_s=task.cpu_limit_s, wall_s=task.time_limit_s)
 
 
-def grade(task: Task, tree: Path, patch: str, *, python: str = sys.executable,
+def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
           isolate: bool = True, uid: int | None = None,
           limits: sandbox.Limits | None = None) -> Grade:
-  """Grades `patch` against the task whose pristine tree is `tree`."""
+  """Grades `patch` against the task whose pristine tree is `tree`.
+
+  Tests run with `python`, by default the task's own interpreter.
+  """
+  python = python or task.python
   try:
     sections = patch_lib.parse(patch)
   except patch_lib.PatchError as e:

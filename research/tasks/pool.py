@@ -4,7 +4,6 @@ import dataclasses
 import os
 from pathlib import Path
 import queue
-import sys
 import traceback
 from typing import Sequence
 
@@ -24,7 +23,8 @@ class GraderPool:
   """Grades jobs on `workers` threads; each busy slot has its own uid (its own process budget)."""
 
   def __init__(self, workers: int | None = None, *, isolate: bool = True,
-               python: str = sys.executable, limits: sandbox.Limits | None = None):
+               python: str | None = None, limits: sandbox.Limits | None = None):
+    """`python` overrides each task's own interpreter."""
     self.workers = workers or os.cpu_count() or 1
     self.isolate, self.python, self.limits = isolate, python, limits
     self._slots = queue.Queue()

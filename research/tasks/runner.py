@@ -173,7 +173,11 @@ class Reporter:
       self._cov.switch_context(nodeid)
 
   def pytest_runtest_logreport(self, report):
-    self.emit('test', nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+    # pytest 9 reports each unittest subTest (and `subtests` fixture step) under its test's
+    # node id and phase; the harness counts those apart (a failed one fails the test).
+    subtest = type(report).__name__ == 'SubtestReport'
+    self.emit('test', nodeid=report.nodeid, when='subtest' if subtest else report.when,
+              outcome=report.outcome,
               xfail=hasattr(report, 'wasxfail'),
               message=str(report.longrepr)[-1000:] if report.failed else '')
 

@@ -61,18 +61,37 @@ class Completed:
 
 
 @functools.cache
-def python_roots(python: str) -> tuple[str, ...]:
-  """Directories an interpreter needs: its prefixes and any sys.path entry outside them."""
+def _python_paths(python: str) -> tuple[str, str, list[str]]:
   out = subprocess.run(
       [python, '-I', '-c',
        'import sys, json; print(json.dumps([sys.prefix, sys.base_prefix, sys.path]))'],
       check=True, capture_output=True, text=True).stdout
-  prefix, base, path = json.loads(out)
+  return tuple(json.loads(out))
+
+
+@functools.cache
+def python_roots(python: str) -> tuple[str, ...]:
+  """Directories an interpreter needs: its prefixes and any sys.path entry outside them."""
+  prefix, base, path = _python_paths(python)
   roots = [prefix, base]
   for entry in path:
     if os.path.isdir(entry) and not any(_under(entry, r) for r in roots):
       roots.append(entry)
   return tuple(roots)
+
+
+@functools.cache
+def python_hidden(python: str) -> tuple[str, ...]:
+  """Site directories inside python_roots that the interpreter does not use: a venv's base
+  interpreter's site-packages. Sandboxes cover them with an empty tmpfs, so that what is
+  installed there (other versions of the test tools, copies of the library a task deletes
+  code from) is out of the policy's and the tests' view."""
+  prefix, base, path = _python_paths(python)
+  if prefix == base:
+    return ()
+  used = {os.path.realpath(p) for p in path}
+  return tuple(sorted(str(d) for d in Path(base).glob('lib/python3*/site-packages')
+                      if d.is_dir() and os.path.realpath(d) not in used))
 
 
 def _under(path: str, root: str) -> bool:
@@ -99,7 +118,7 @@ def _rlimit_argv(limits: Limits) -> list[str]:
 
 
 def _bwrap_argv(ro: Sequence[str], rw: Sequence[str], cwd: str, env: Mapping[str, str],
-                limits: Limits, uid: int) -> list[str]:
+                limits: Limits, uid: int, hide: Sequence[str] = ()) -> list[str]:
   argv = [_which(BWRAP), '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts',
           '--unshare-cgroup-try', '--die-with-parent', '--new-session', '--clearenv',
           '--proc', '/proc', '--dev', '/dev',
@@ -122,6 +141,8 @@ def _bwrap_argv(ro: Sequence[str], rw: Sequence[str], cwd: str, env: Mapping[str
         argv += ['--perms', '0755', '--dir', str(parent)]
     argv += [flag, path, path]
     made.add(path)
+  for path in hide:  # After the binds: an empty tmpfs over a directory inside one of them.
+    argv += ['--tmpfs', path]
   for k, v in env.items():
     argv += ['--setenv', k, v]
   argv += ['--chdir', cwd,
@@ -157,10 +178,12 @@ class _Tail:
 def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.PathLike] = (),
         rw: Sequence[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
         limits: Limits = Limits(), stdin: bytes = b'', uid: int | None = None,
-        isolate: bool = True, pass_fds: Sequence[int] = ()) -> Completed:
+        isolate: bool = True, pass_fds: Sequence[int] = (),
+        hide: Sequence[str | os.PathLike] = ()) -> Completed:
   """Runs argv with only `ro` (read-only) and `rw` binds visible, at their host paths.
 
   `pass_fds` stay open in the command at the same numbers (e.g. a pipe the harness reads).
+  `hide` are directories inside the binds that appear empty (e.g. python_hidden).
 
   With isolate=False the same command runs as a plain subprocess under the same rlimits and
   wall clock, for comparison (it sees the whole machine).
@@ -170,7 +193,7 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   limits_argv = _rlimit_argv(limits)
   if isolate:
     prefix = _bwrap_argv([os.fspath(p) for p in ro], [os.fspath(p) for p in rw],
-                         os.fspath(cwd), env, limits, uid)
+                         os.fspath(cwd), env, limits, uid, [os.fspath(p) for p in hide])
     for p in rw:
       _chown_tree(os.fspath(p), uid)
     popen_env = {}

@@ -72,11 +72,12 @@ def scan_tree(tree: Path, prints: list[str]) -> list[str]:
   return found
 
 
-def scan_environment(roots: Iterable[str], prints_by_key: dict[str, list[str]]
-                     ) -> dict[str, list[str]]:
+def scan_environment(roots: Iterable[str], prints_by_key: dict[str, list[str]],
+                     skip: Iterable[str] = ()) -> dict[str, list[str]]:
   """For each key, the readable files holding at least two of its fingerprints (or its only one).
 
-  One `grep -F` pass over all roots keeps this cheap for a whole task set.
+  One `grep -F` pass over all roots keeps this cheap for a whole task set. Files under `skip`
+  (directories the sandbox hides) do not count.
   """
   all_prints = sorted({p for prints in prints_by_key.values() for p in prints})
   roots = [r for r in roots if os.path.isdir(r)]
@@ -89,7 +90,10 @@ def scan_environment(roots: Iterable[str], prints_by_key: dict[str, list[str]]
     proc = subprocess.run(['grep', '-rIlF', '-f', patterns.name, *includes, *roots],
                           capture_output=True)
   hits = collections.defaultdict(list)
+  skip = tuple(os.path.join(s, '') for s in skip)
   for name in proc.stdout.decode(errors='replace').splitlines():
+    if name.startswith(skip):
+      continue
     data = Path(name).read_bytes()
     for key, prints in prints_by_key.items():
       need = min(2, len(prints))

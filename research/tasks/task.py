@@ -39,6 +39,12 @@ class Task:
   visible_tests: bool  # Whether `tree` keeps the test files that hold the required tests.
   twin_sites: list[str]  # Where mutant twins fail on the original ('<node id>@<point>').
   max_twins: int  # Twins planted per grading, at most.
+  python: str  # The interpreter of the task's environment (tests and grading run with it).
+  environment: str | None  # Its id when it is a per-repository environment (research/tasks/envs).
+  # Difficulty signals: non-blank lines deleted, stable tests executing them, cyclomatic size.
+  lines_deleted: int
+  covering_tests: int
+  cyclomatic: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +70,44 @@ def write(directory: Path, tasks: Iterable[Task], solutions: Iterable[Solution],
     path = directory / 'tasks.jsonl'
     path.write_text(''.join(line + '\n' for line in lines))
   else:
-    from array_record.python import array_record_module  # Only this format needs it.
     path = directory / 'tasks.array_record'
-    writer = array_record_module.ArrayRecordWriter(str(path), 'group_size:1')
-    for line in lines:
-      writer.write(line.encode())
-    writer.close()
-  (directory / 'solutions.jsonl').write_text(''.join(_dump(s) + '\n' for s in solutions))
+    _write_array_record(path, lines)
+  _write_solutions(directory, solutions)
   return path
+
+
+def _write_array_record(path: Path, lines: list[str]) -> None:
+  from array_record.python import array_record_module  # Only this format needs it.
+  writer = array_record_module.ArrayRecordWriter(str(path), 'group_size:1')
+  for line in lines:
+    writer.write(line.encode())
+  writer.close()
+
+
+def _write_solutions(directory: Path, solutions: Iterable[Solution]) -> None:
+  with open(directory / 'solutions.jsonl', 'w') as f:
+    f.writelines(_dump(s) + '\n' for s in solutions)
+
+
+def shard_paths(directory: Path) -> list[Path]:
+  """The ArrayRecord shards of a task set written by write_shards, in order."""
+  return sorted(directory.glob('tasks-*-of-*.array_record'))
+
+
+def write_shards(directory: Path, tasks: list[Task], solutions: Iterable[Solution],
+                 shards: int) -> list[Path]:
+  """Tasks in `shards` ArrayRecord files (contiguous runs, in the given order), and solutions."""
+  if shards < 1:
+    raise ValueError(f'shards must be at least 1, got {shards}')
+  for old in shard_paths(directory):
+    old.unlink()
+  lines = [_dump(t) for t in tasks]
+  paths = []
+  for i in range(shards):
+    paths.append(directory / f'tasks-{i:05d}-of-{shards:05d}.array_record')
+    _write_array_record(paths[-1], lines[i * len(lines) // shards:(i + 1) * len(lines) // shards])
+  _write_solutions(directory, solutions)
+  return paths
 
 
 def decode(record: bytes | str) -> Task:

@@ -69,3 +69,13 @@ def test_deleting_the_only_method_leaves_a_valid_class():
   source = 'class A:\n  def f(self):\n    return 1\n'
   new, _ = deletion.delete_symbols(source, deletion.symbols(source))
   assert new == 'class A:\n  pass\n'
+
+
+def test_cyclomatic_size_of_deleted_code():
+  function = 'def f(x):\n  if x and x > 1:\n    return [i for i in x]\n  return 0\n'
+  assert deletion.cyclomatic(function) == 4  # if, and, one comprehension.
+  method = '    def m(self):\n        for i in self:\n            pass\n'
+  assert deletion.cyclomatic(method) == 2
+  body = '    try:\n        return 1\n    except ValueError:\n        return 2\n'
+  assert deletion.cyclomatic(body) == 2  # Parsed inside an `if`, which does not count.
+  assert deletion.cyclomatic('    return 2\n') == 1

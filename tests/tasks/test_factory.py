@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from research.tasks import grading
 from research.tasks import layout
 from research.tasks import scrub
 from research.tasks import task as task_lib
+from research.tasks import taskset
 
 
 def test_fixture_tasks_pass_every_gate(fixture_tasks):
@@ -44,6 +46,7 @@ def test_rejections_are_counted_with_their_gate(fixture_tasks):
   assert summary.tried == summary.candidates - summary.rejected['no_covering_test']
   saved = json.loads((task_dir / 'summary.json').read_text())
   assert saved['kept'] == summary.kept and saved['rejected'] == dict(summary.rejected)
+  assert (task_dir / 'summary.png').read_bytes().startswith(b'\x89PNG')
 
 
 def test_reference_passes_and_the_deleted_state_fails(fixture_tasks):
@@ -103,3 +106,22 @@ def test_cli_writes_array_records_that_grain_reads(tmp_path):
   assert layout.test_files(out / records[0].tree) == ['tests/test_stats.py']
   assert layout.test_files(out / records[0].grading_tree) == ['tests/test_core.py',
                                                              'tests/test_stats.py']
+
+
+def test_near_duplicates_are_dropped_by_code_or_by_hole(fixture_tasks, tmp_path):
+  _, task_dir, _ = fixture_tasks
+  tasks = {t.id: t for t in task_lib.read(task_dir / 'tasks.jsonl')}
+  solutions = task_lib.read_solutions(task_dir)
+  a, b, c = (tasks[i] for i in ('textops.core.title_case.body', 'textops.core.wrap.body',
+                                'textops.stats.top_words.body'))
+  # The same code deleted in another repository, reformatted: a duplicate of `a`.
+  moved = dataclasses.replace(a, id='z/textops.core.title_case.body', repo='z')
+  reformatted = dataclasses.replace(solutions[a.id], deleted=solutions[a.id].deleted.replace(
+      '(', '(  ', 1) + '  # a comment\n')
+  holes = {a.id: 'h1', b.id: 'h2', c.id: 'h2', moved.id: 'h3'}
+  made = [(t, solutions[t.id]) for t in (c, b, a)] + [(moved, reformatted)]
+  kept, dropped = taskset.dedupe(made, holes, tmp_path)
+  assert [t.id for t, _ in kept] == [a.id, b.id]
+  assert dropped == [
+      {'candidate': c.id, 'gate': 'duplicate', 'detail': f'same hole as {b.id}'},
+      {'candidate': moved.id, 'gate': 'duplicate', 'detail': f'same deleted code as {a.id}'}]

@@ -1,11 +1,13 @@
 import dataclasses
 import json
+import sys
 
 import pytest
 
 from research.tasks import grading
 from research.tasks import patch as patch_lib
 from research.tasks import pool
+from research.tasks import sandbox
 from research.tasks import task as task_lib
 
 
@@ -249,3 +251,24 @@ def test_accounting_flags_duplicates_uncollected_and_unchecked_tests():
   assert outcomes == {'a': 'passed', 'b': 'passed', 'x': 'passed'}
   assert problems == ['b reported twice', 'no integrity check after b', 'test code replaced: a',
                       'x reported but never collected']
+
+
+def test_unittest_subtests_count_toward_their_test(tmp_path):
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'test_sub.py').write_text(
+      'import unittest\n\n\nclass T(unittest.TestCase):\n\n'
+      '  def test_ok(self):\n    for i in range(3):\n      with self.subTest(i=i):\n'
+      '        self.assertEqual(i, i)\n\n'
+      '  def test_bad(self):\n    for i in range(3):\n      with self.subTest(i=i):\n'
+      '        self.assertNotEqual(i, 1)\n\n'
+      '  def test_message(self):\n    for i, j in [(1, 2), (3, 3)]:\n'
+      '      with self.subTest("pairs", i=i, j=j):\n        self.assertLess(i, j)\n')
+  (tmp_path / 'scratch').mkdir()
+  run = grading.run_pytest(tree, ['test_sub.py'], python=sys.executable, python_path=[''],
+                           site_dirs=[], config_file=None, limits=sandbox.Limits(),
+                           scratch=tmp_path / 'scratch')
+  # Three subtest reports per test share its node id: none is a duplicate, a failed one fails it.
+  assert run.outcomes == {'test_sub.py::T::test_ok': 'passed', 'test_sub.py::T::test_bad': 'failed',
+                          'test_sub.py::T::test_message': 'failed'}
+  assert run.problems == [] and run.finished

@@ -1,5 +1,6 @@
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +15,8 @@ def _task(**overrides):
                 protected_paths=['tests/test_mod.py', 'README.md', 'pyproject.toml'],
                 packages=['pkg'], python_path=[''], site_dirs=[], config_file=None,
                 time_limit_s=30.0, cpu_limit_s=10, tree='trees/t', grading_tree='trees/t',
-                visible_tests=True, twin_sites=[], max_twins=4)
+                visible_tests=True, twin_sites=[], max_twins=4, python=sys.executable,
+                environment=None, lines_deleted=1, covering_tests=1, cyclomatic=1)
   return Task(**{**fields, **overrides})
 
 
