@@ -16,13 +16,13 @@ async: `async_speedup`, rollouts per second of toolcalc RL runs with rl.stalenes
   warm start; `final_success` of each over --seeds seeds (mean, std).
 """
 
+import argparse
 import dataclasses
 import functools
 import json
 import os
 import time
 
-from absl import app, flags
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -36,17 +36,6 @@ from research.parallel import distributed
 from research.parallel import mesh as mesh_lib
 from research.rl import loop
 from research.train import step as step_lib
-
-_JSON = flags.DEFINE_string('json', None, 'Also write the numbers here.')
-_PARTS = flags.DEFINE_list('parts', ['sharded', 'memory', 'async'], 'Which parts to run.')
-_CONTEXTS = flags.DEFINE_list('contexts', ['1024', '4096', '16384', '65536'], 'Tokens per trajectory (memory).')
-_SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per arm (async).')
-_STEPS = flags.DEFINE_integer('steps', 12, 'RL steps per run (async).')
-_SFT_STEPS = flags.DEFINE_integer('sft_steps', 300, 'Warm-start steps shared by the runs (async).')
-_EVAL_TASKS = flags.DEFINE_integer('eval_tasks', 64, 'Held-out tasks of final_success (async).')
-_INIT = flags.DEFINE_string('init_checkpoint', '', 'A workdir with warmstart/ (async); empty: warm start here.')
-_WORKDIR = flags.DEFINE_string('workdir', '/tmp/rl_scale_bench', 'Scratch workdir.')
-_GPU_CONTEXT = flags.DEFINE_integer('gpu_context', 32768, 'Tokens of the one trajectory (gpu_update).')
 
 
 def tiny(mesh: str = 'data:1') -> ml_collections.ConfigDict:
@@ -198,26 +187,42 @@ def pipeline(workdir: str, seeds: int, steps: int, sft_steps: int, eval_tasks: i
           'runs': arms}
 
 
-def main(argv):
-  del argv
-  out = {}
-  if 'sharded' in _PARTS.value:
-    out.update(sharded(os.path.join(_WORKDIR.value, 'sharded')))
+def _args():
+  """The command line (argparse: tests import this module next to absl-flag modules)."""
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--json', default=None, help='Also write the numbers here.')
+  ap.add_argument('--parts', default='sharded,memory,async', help='Which parts to run (comma-separated).')
+  ap.add_argument('--contexts', default='1024,4096,16384,65536', help='Tokens per trajectory (memory).')
+  ap.add_argument('--seeds', type=int, default=3, help='Seeds per arm (async).')
+  ap.add_argument('--steps', type=int, default=12, help='RL steps per run (async).')
+  ap.add_argument('--sft_steps', type=int, default=300, help='Warm-start steps shared by the runs (async).')
+  ap.add_argument('--eval_tasks', type=int, default=64, help='Held-out tasks of final_success (async).')
+  ap.add_argument('--init_checkpoint', default='', help='A workdir with warmstart/ (async); empty: warm start here.')
+  ap.add_argument('--workdir', default='/tmp/rl_scale_bench', help='Scratch workdir.')
+  ap.add_argument('--gpu_context', type=int, default=32768, help='Tokens of the one trajectory (gpu_update).')
+  return ap.parse_args()
+
+
+def main():
+  a = _args()
+  parts, out = a.parts.split(','), {}
+  if 'sharded' in parts:
+    out.update(sharded(os.path.join(a.workdir, 'sharded')))
     print({k: out[k] for k in ('rollouts_identical', 'sharded_max_abs_diff')}, flush=True)
-  if 'memory' in _PARTS.value:
-    out.update(memory([int(n) for n in _CONTEXTS.value], loop.LossConfig().logit_chunk))
-  if 'async' in _PARTS.value:
-    out.update(pipeline(os.path.join(_WORKDIR.value, 'async'), _SEEDS.value, _STEPS.value, _SFT_STEPS.value,
-                        _EVAL_TASKS.value, _INIT.value))
+  if 'memory' in parts:
+    out.update(memory([int(n) for n in a.contexts.split(',')], loop.LossConfig().logit_chunk))
+  if 'async' in parts:
+    out.update(pipeline(os.path.join(a.workdir, 'async'), a.seeds, a.steps, a.sft_steps, a.eval_tasks,
+                        a.init_checkpoint))
     print({k: out[k] for k in ('async_speedup', 'final_success')}, flush=True)
-  if 'gpu_update' in _PARTS.value:
-    out.update(gpu_update(_GPU_CONTEXT.value, loop.LossConfig().logit_chunk))
+  if 'gpu_update' in parts:
+    out.update(gpu_update(a.gpu_context, loop.LossConfig().logit_chunk))
     print(out['gpu_update'], flush=True)
-  if _JSON.value:
-    with open(_JSON.value, 'w') as f:
+  if a.json:
+    with open(a.json, 'w') as f:
       json.dump(out, f, indent=1, default=float)
 
 
 if __name__ == '__main__':
   distributed.simulate_cpu_devices(8)
-  app.run(main)
+  main()

@@ -264,7 +264,7 @@ def test_governed_loop_probes_and_viewer_divergence(tmp_path):
   rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
   probed = [k for k in rows[-1] if k.startswith('gov/') and k.endswith('/probes') and rows[-1][k] > 0]
   assert probed and all(0 <= rows[-1][k.replace('probes', 'active')] <= 1 for k in probed)
-  ro = runner._rollouts(3, runner.params)
+  ro = runner.rollouts(3, runner.params)
   assert ro.feedback
   teacher = runner.teacher.params(runner.params)
   recs = probe.viewer_records(runner.sampler, runner.params, teacher, ro.trajs, ro.feedback[:1], 1)
