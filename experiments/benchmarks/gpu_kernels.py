@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks.muon_gpu import timed
 from research.metrics import flops as flops_lib
 from research.model import attention, decode, kernels, moe, transformer
 from research.model.config import ModelConfig
@@ -35,17 +36,6 @@ from research.train import optimizer as optim
 from research.train import step as step_lib
 
 BF16 = dict(dtype='bfloat16', param_dtype='bfloat16')
-
-
-def timed(fn, *args, reps: int = 5) -> float:
-  """Median seconds of fn(*args) (compiled and run once before)."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
 
 
 def _row(name: str, useful_flops: float, fn, *args, **extra) -> dict:

@@ -23,7 +23,8 @@ from research.optim import muon as muon_lib
 from research.optim import newton_schulz
 
 
-def _time(fn, *args, reps):
+def timed(fn, *args, reps: int = 5) -> float:
+  """Median seconds of fn(*args) (compiled and run once before)."""
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(reps):
@@ -41,7 +42,7 @@ def ns_throughput(experts, rows, cols, reps):
       for preset in ('standard', 'polar_express'):
         coeffs = newton_schulz.schedule(preset, 5)
         fn = jax.jit(lambda y, c=coeffs, d=dtype: newton_schulz.orthogonalize(y, c, dtype=d))
-        seconds = _time(fn, x, reps=reps)
+        seconds = timed(fn, x, reps=reps)
         flops = e * newton_schulz.flops(rows, cols, len(coeffs))
         out.append({'experts': e, 'shape': [rows, cols], 'dtype': jnp.dtype(dtype).name,
                     'coeffs': preset, 'ms': 1e3 * seconds, 'tflops': flops / seconds / 1e12})
@@ -63,7 +64,7 @@ def optimizer_step(experts, d, f, reps):
   for name, opt in variants.items():
     state = opt.init(params)
     update = jax.jit(opt.update)
-    out[name] = {'ms': 1e3 * _time(update, grads, state, params, reps=reps)}
+    out[name] = {'ms': 1e3 * timed(update, grads, state, params, reps=reps)}
   return out
 
 
