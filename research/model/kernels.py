@@ -10,6 +10,7 @@ kernels in use are the ones that compile here (`gpu_kernels`, probed once per pr
 
 import functools
 from typing import NamedTuple
+import warnings
 
 from absl import flags
 import jax
@@ -32,10 +33,12 @@ def _pallas_dot(a, b, trans_a: bool = False, trans_b: bool = False, allow_tf32=N
   return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
-try:
-  pl.dot  # pylint: disable=pointless-statement
-except AttributeError:  # jax >= 0.11.
-  pl.dot = _pallas_dot
+with warnings.catch_warnings():  # jax 0.10 warns on the access; 0.11 raises.
+  warnings.simplefilter('ignore', DeprecationWarning)
+  try:
+    pl.dot  # pylint: disable=pointless-statement
+  except AttributeError:
+    pl.dot = _pallas_dot
 
 
 @functools.cache

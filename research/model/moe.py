@@ -120,9 +120,9 @@ def block_size(num_rows: int, num_experts: int, requested: int = 0) -> int:
   return min(256, 1 << (target.bit_length() - 1))
 
 
-def _ffn_ragged(p, xs_MxD, group_sizes_E):
-  dt = xs_MxD.dtype
-  rd = lambda x, w: jax.lax.ragged_dot(x, w.astype(dt), group_sizes_E)
+def _ffn_grouped(p, xs_MxD, grouped_dot):
+  """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N)."""
+  rd = lambda x, w: grouped_dot(x, w.astype(xs_MxD.dtype))
   return rd(jax.nn.silu(rd(xs_MxD, p['wi_gate'])) * rd(xs_MxD, p['wi_up']), p['wo'])
 
 
@@ -151,17 +151,12 @@ def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
   return jnp.where(real_M[:, None], yb.at[dest_M].get(mode='fill', fill_value=0), 0)
 
 
-def _ffn_tokamax(p, xs_MxD, group_sizes_E):
-  rd = lambda x, w: kernels.ragged_dot(x, w, group_sizes_E)
-  return rd(jax.nn.silu(rd(xs_MxD, p['wi_gate'])) * rd(xs_MxD, p['wi_up']), p['wo'])
-
-
 def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0):
   """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored)."""
   if impl == 'ragged':
-    return _ffn_ragged(p, xs_MxD, group_sizes_E)
+    return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E))
   if impl == 'tokamax':
-    return _ffn_tokamax(p, xs_MxD, group_sizes_E)
+    return _ffn_grouped(p, xs_MxD, lambda x, w: kernels.ragged_dot(x, w, group_sizes_E))
   return _ffn_blocked(p, xs_MxD, group_sizes_E,
                       block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block))
 
