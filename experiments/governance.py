@@ -1,66 +1,71 @@
 """Governed feedback on toolcalc (issue 15): a harmful rule suspended, drift flagged, a new rule helping.
 
-python -m experiments.governance --json=docs/governance.json --workdir=/tmp/governance
+python -m experiments.governance --json=docs/governance.json --workdir=/tmp/governance --warm=/tmp/demo_check
 
 One warm start (seed 0, experiments/toolcalc_rl.py's; `--warm=DIR` reuses a workdir holding
-warmstart/) is shared by every arm and seed. Every arm: add renamed to plus from the start, the rule
-library written for it (`renamed_add`, `wrong_tool`), then `mul` renamed to `times` at RENAME_STEP
-(drift no rule explains) and a rule for the new name registered by config at NEW_RULE_STEP (a
-person's response). Arms: `governed` also enables `repeated_call` (known to hurt, docs/rl.md) under
-governance; `without_rule` leaves it out. Writes the numbers the issue asks for, per seed and as
-means, plus each run's governance table, PNG and rollout viewer under its workdir.
+warmstart/, e.g. `make demo`'s) is shared by every arm and seed. Every arm: `add` renamed to `plus`
+from the start with the rule library written for it (`renamed_add`, `wrong_tool`), then `mul`
+renamed to `times` at RENAME_STEP (drift no rule explains) and a rule for the new name registered by
+config at NEW_RULE_STEP (a person's response). Arms (ARMS): `governed` also enables a rule known to
+hurt (HARMFUL_RULE) and `repeated_call`, under governance; `without_rule` leaves both out;
+`ungoverned` gives every hint of `governed`'s rules (what the harmful rule costs unchecked);
+`no_new_rule` never registers the new rule (the control for `success_after_new_rule`). Writes the
+numbers the issue asks for, per seed and as means, plus each run's governance table, PNG and
+rollout viewer under its workdir. `--arms=` (empty) only collects finished runs.
 """
 
-import copy
+import argparse
 import json
 import os
 import shutil
 
-from absl import app, flags, logging
+from absl import logging
 import numpy as np
 
 from experiments import toolcalc_rl
 from research.rl import governance_report, loop, probe, report
 
 RENAME_STEP = 4                     # mul -> times from this RL step on.
-NEW_RULE_STEP = 8                   # renamed_mul registered (the evaluation at 7 is the "before").
-STEPS = 16
+NEW_RULE_STEP = 6                   # renamed_mul registered (the evaluation at 5 is the "before").
+STEPS = 60
+EVAL_EVERY = 5                      # Evaluations at 0, 5 (after the rename, before the new rule), ..., 60.
 NEW_RULE = {'at': NEW_RULE_STEP, 'id': 'renamed_mul', 'version': 1,
             'when': {'error': 'unknown_tool', 'name': 'mul'}, 'hint': 'Reminder: available tools are {tools}'}
+# A hint known to hurt, registered by config from step 1: a reminder written for a rename of `sub` to
+# `minus` that never happened (its tool list is literal, not the environment's), on every call of
+# `sub`, right ones too. The teacher follows a reminder, so with it the policy calls a tool that does
+# not exist; distilled, it teaches that (the `ungoverned` arm measures what that costs).
+HARMFUL_RULE = {'at': 1, 'id': 'stale_sub', 'version': 1, 'when': {'kind': 'call', 'name': 'sub'},
+                'hint': 'Reminder: available tools are +:plus -:minus *:mul'}
+HARMFUL = 'stale_sub@1'
+BASE_RULES = ('renamed_add', 'wrong_tool')
+# arm -> (critic rules, governance on, new rules by config). `repeated_call` (docs/rl.md found it
+# hurt through distillation when it was demonstrated with the warm-start names) is enabled on purpose
+# beside the harmful rule; `without_rule` is the library without both; `ungoverned` gives every hint.
 ARMS = {
-    'governed': ('renamed_add', 'wrong_tool', 'repeated_call'),
-    'without_rule': ('renamed_add', 'wrong_tool'),
+    'governed': (BASE_RULES + ('repeated_call',), True, (NEW_RULE, HARMFUL_RULE)),
+    'without_rule': (BASE_RULES, True, (NEW_RULE,)),
+    'ungoverned': (BASE_RULES + ('repeated_call',), False, (NEW_RULE, HARMFUL_RULE)),
+    'no_new_rule': (BASE_RULES, True, ()),  # The control for success_after_new_rule.
 }
-HARMFUL = 'repeated_call@1'
-# A hint known to hurt, registered by config from step 1: on every call of `mul` (right ones too), a
-# reminder listing a wrong name for it. Its own arm (--arms=stale_hint, no rename: after `mul` is
-# renamed neither continuation can call it, and the probes read 0), on the seeds it was run for.
-STALE_RULE = {'at': 1, 'id': 'stale_mul', 'version': 1, 'when': {'kind': 'call', 'name': 'mul'},
-              'hint': 'Reminder: available tools are +:plus -:sub *:prod'}
-EXTRA_ARMS = {'stale_hint': ARMS['without_rule']}
-
-_SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per arm.')
-_JSON = flags.DEFINE_string('json', None, 'Where to write the results.')
-_WORKDIR = flags.DEFINE_string('workdir', '/tmp/governance', 'Runs go to WORKDIR/seed<k>/<arm>.')
-_WARM = flags.DEFINE_string('warm', '', 'A workdir holding warmstart/ (default: make one in WORKDIR).')
-_STEPS = flags.DEFINE_integer('steps', STEPS, 'RL steps per run.')
-_ONLY_SEED = flags.DEFINE_integer('only_seed', -1, 'Train only this seed (>= 0; to run seeds in parallel).')
-_ARMS = flags.DEFINE_list('arms', list(ARMS), 'Arms to train (empty: only collect the finished runs).')
-flags.mark_flags_as_required(['json'])
 
 
-def get_config(arm: str, steps: int = STEPS):
+def get_config(arm: str = 'governed', steps: int = STEPS):
+  rules, governed, new_rules = ARMS[arm]
   c = toolcalc_rl.get_config()
   c.rl.steps = steps
-  c.rl.tasks_per_step = 8           # 32 rollouts a step (and 18 probe rows): minutes a run on 2 cores.
-  c.eval.every, c.eval.num_tasks = NEW_RULE_STEP - 1, 64  # Evaluations at 7 (before the new rule), 14, end.
+  c.rl.tasks_per_step = 16          # 64 rollouts a step: 1-3 s a step on 2 cores.
+  c.eval.every, c.eval.num_tasks = EVAL_EVERY, 128
   c.tensorboard = False
-  c.critic.rules = {**ARMS, **EXTRA_ARMS}[arm]
-  c.env.renames = () if arm == 'stale_hint' else (f'{RENAME_STEP}:*:times',)
+  # Two renames to learn: at the toolcalc default (10) the anchor to the warm start holds the policy
+  # so close that distilling the second name only slows the first (docs/results.md).
+  c.loss.anchor_coef = 3.0
+  c.critic.rules = rules
+  c.env.renames = (f'{RENAME_STEP}:*:times',)
   g = c.governance
-  g.enabled = True
-  g.probes_per_step, g.k = 3, 3
-  g.new_rules = (json.dumps(NEW_RULE),) + ((json.dumps(STALE_RULE),) if arm == 'stale_hint' else ())
+  g.enabled = governed
+  g.probes_per_step, g.k = 4, 3
+  g.new_rules = tuple(json.dumps(r) for r in new_rules)
   return c
 
 
@@ -81,14 +86,14 @@ def _run(arm: str, seed: int, workdir: str, warm: str, steps: int):
   _viewer(runner, wd, steps)
 
 
-def _collect(wd: str, harmful: str = HARMFUL) -> dict:
+def _collect(wd: str) -> dict:
   """The numbers of one finished run."""
   rows = report.read_metrics(os.path.join(wd, 'metrics.jsonl'))
   log = governance_report.read_log(os.path.join(wd, 'governance.jsonl'))
   with open(os.path.join(wd, 'summary.json')) as f:
     summary = json.load(f)
   evals = {int(r['step']): r['eval_success'] for r in rows if 'eval_success' in r}
-  suspended = [d['step'] for d in log if d.get('decision') == 'suspended' and d['rule'] == harmful]
+  suspended = [d['step'] for d in log if d.get('decision') == 'suspended' and d['rule'] == HARMFUL]
   drift = [e['step'] for e in log if e['kind'] == 'drift' and e['signature'].startswith('unknown_tool|mul|')]
   before_rule = max(s for s in evals if s < NEW_RULE_STEP)
   return {'final_success': summary['after'], 'eval_success': evals,
@@ -101,7 +106,7 @@ def _collect(wd: str, harmful: str = HARMFUL) -> dict:
 
 def _viewer(runner: loop.Runner, wd: str, step: int):
   """workdir/rollouts.html: a fresh batch of the final policy's rollouts, hinted ones first."""
-  ro = runner._rollouts(step, runner.params)
+  ro = runner.rollouts(step, runner.params)
   records = probe.viewer_records(runner.sampler, runner.params, runner.teacher.params(runner.params), ro.trajs,
                                  ro.feedback, 12)
   with open(os.path.join(wd, 'rollouts.html'), 'w') as f:
@@ -118,6 +123,10 @@ def _warm(workdir: str, warm: str) -> str:
   return warm
 
 
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+  return float(np.mean(xs)), float(np.std(xs))
+
+
 def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tuple[str, ...] = tuple(ARMS),
         only_seed: int = -1) -> dict:
   """Trains `arms` (none: only collect) for every seed (or `only_seed`), then collects every run."""
@@ -127,46 +136,55 @@ def run(seeds: int, workdir: str, warm: str = '', steps: int = STEPS, arms: tupl
     for arm in arms:
       _run(arm, s, workdir, warm, steps)
   runs = {arm: {s: _collect(os.path.join(workdir, f'seed{s}', arm)) for s in range(seeds)} for arm in ARMS}
-  stale = {s: _collect(os.path.join(workdir, f'seed{s}', 'stale_hint'), 'stale_mul@1') for s in range(seeds)
-           if os.path.exists(os.path.join(workdir, f'seed{s}', 'stale_hint', 'summary.json'))}
-  g, w = runs['governed'], runs['without_rule']
-  finals = {arm: [r['final_success'] for r in v.values()] for arm, v in runs.items()}
-  flagged = [r['drift_flagged_at_step'] for v in runs.values() for r in v.values()]
-  suspended = [r['suspended_at_step'] for r in g.values()]
+  final = {arm: _mean_std([r['final_success'] for r in v.values()]) for arm, v in runs.items()}
+  suspended = [r['suspended_at_step'] for r in runs['governed'].values()]
+  flagged = [r['drift_flagged_at_step'] for arm in ('governed', 'without_rule', 'no_new_rule')
+             for r in runs[arm].values()]
+  with_rule = [r for arm in ('governed', 'without_rule') for r in runs[arm].values()]
   out = {
-      'harmful_rule': HARMFUL, 'drift_step': RENAME_STEP, 'new_rule_step': NEW_RULE_STEP, 'steps': steps,
+      'harmful_rule': HARMFUL_RULE, 'drift_step': RENAME_STEP, 'new_rule_step': NEW_RULE_STEP, 'steps': steps,
       'seeds': seeds, 'new_rule': NEW_RULE,
       'suspended_at_step': max(suspended) if None not in suspended else None,
       'suspended_at_step_per_seed': suspended,
-      'final_success_governed': float(np.mean(finals['governed'])),
-      'final_success_governed_std': float(np.std(finals['governed'])),
-      'final_success_without_rule': float(np.mean(finals['without_rule'])),
-      'final_success_without_rule_std': float(np.std(finals['without_rule'])),
       'drift_flagged_at_step': max(flagged) if None not in flagged else None,
       'drift_flagged_at_step_per_run': flagged,
-      'success_before_new_rule': float(np.mean([r['success_before_new_rule'] for v in runs.values() for r in v.values()])),
-      'success_after_new_rule': float(np.mean([r['success_after_new_rule'] for v in runs.values() for r in v.values()])),
+      'success_before_new_rule': float(np.mean([r['success_before_new_rule'] for r in with_rule])),
+      'success_after_new_rule': float(np.mean([r['success_after_new_rule'] for r in with_rule])),
+      'success_after_without_new_rule': final['no_new_rule'][0],
       'runs': runs,
-      'stale_hint': {'rule': STALE_RULE, 'runs': stale,
-                     'suspended_at_step_per_seed': {s: r['suspended_at_step'] for s, r in stale.items()}},
   }
-  out['governed_within_one_std'] = bool(abs(out['final_success_governed'] - out['final_success_without_rule'])
-                                        <= out['final_success_without_rule_std'])
+  for arm, (mean, std) in final.items():
+    out[f'final_success_{arm}'], out[f'final_success_{arm}_std'] = mean, std
+  out['governed_within_one_std'] = bool(abs(final['governed'][0] - final['without_rule'][0]) <= final['without_rule'][1])
   return out
 
 
-def main(argv):
-  del argv
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--json', required=True, help='Where to write the results.')
+  ap.add_argument('--seeds', type=int, default=3, help='Seeds per arm.')
+  ap.add_argument('--workdir', default='/tmp/governance', help='Runs go to WORKDIR/seed<k>/<arm>.')
+  ap.add_argument('--warm', default='', help='A workdir holding warmstart/ (default: make one in WORKDIR).')
+  ap.add_argument('--steps', type=int, default=STEPS, help='RL steps per run.')
+  ap.add_argument('--only_seed', type=int, default=-1, help='Train only this seed (>= 0; to run seeds in parallel).')
+  ap.add_argument('--arms', default=','.join(ARMS),
+                  help='Comma-separated arms to train (empty: only collect the finished runs).')
+  args = ap.parse_args()
+  arms = tuple(a for a in args.arms.split(',') if a)
+  unknown = sorted(set(arms) - set(ARMS))
+  if unknown:
+    ap.error(f'--arms: unknown arm(s) {unknown}; known: {list(ARMS)}')
   logging.set_verbosity(logging.WARNING)
-  res = run(_SEEDS.value, _WORKDIR.value, _WARM.value, _STEPS.value, tuple(_ARMS.value), _ONLY_SEED.value)
-  with open(_JSON.value, 'w') as f:
+  res = run(args.seeds, args.workdir, args.warm, args.steps, arms, args.only_seed)
+  with open(args.json, 'w') as f:
     json.dump(res, f, indent=1)
   for k in ('suspended_at_step', 'final_success_governed', 'final_success_governed_std',
             'final_success_without_rule', 'final_success_without_rule_std', 'governed_within_one_std',
-            'drift_step', 'drift_flagged_at_step', 'success_before_new_rule', 'success_after_new_rule'):
+            'final_success_ungoverned', 'drift_step', 'drift_flagged_at_step', 'success_before_new_rule',
+            'success_after_new_rule', 'success_after_without_new_rule'):
     print(f'{k:32s} {res[k]}')
-  print(f'json: {_JSON.value}')
+  print(f'json: {args.json}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

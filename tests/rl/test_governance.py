@@ -295,3 +295,26 @@ def test_probe_skips_prefixes_that_leave_no_room():
   fits = [prober._fits(t, f) for f in fb]
   assert [f.message for f in fb] == [0, 1, 2] and fits == [True, False, False]
   assert prober(None, None, [t], [(0, f) for f in fb[1:]], None) == []  # Nothing sampled, no error.
+
+
+def test_governance_experiment_arms_and_its_harmful_rule():
+  """experiments/governance.py: every arm is a valid RL config with the rules it says; the rule
+  enabled as known to hurt fires on right `sub` calls and its reminder names a tool that does not
+  exist, so a message that follows it fails where the original succeeded."""
+  from experiments import governance as exp
+  from research.rl import loop
+  for arm, (rules, governed, new_rules) in exp.ARMS.items():
+    c = configs.from_dict(loop.RLExperimentConfig, exp.get_config(arm, steps=3))
+    assert c.critic.rules == rules and c.governance.enabled == governed and c.rl.steps == 3
+    assert [governance.parse_new_rule(s)[1].id for s in c.governance.new_rules] == [r['id'] for r in new_rules]
+  at, spec = governance.parse_new_rule(json.dumps(exp.HARMFUL_RULE))
+  assert f'{spec.id}@{spec.version}' == exp.HARMFUL and at < exp.RENAME_STEP
+  env = tc.ToolCalc(renames=(f'{exp.RENAME_STEP}:*:times',))
+  task = tc.Task((9, 4, 2), ('-', '+'))
+  critic = critics.Critic(['renamed_add'])
+  critic.rules.append(critics.Template(spec))
+  t = _traj(env.reset(task), ['sub(9,4)', 'plus(5,2)', 'ans(7)'])
+  assert t.success and [(fb.message, fb.rule) for fb in critic(t)] == [(0, 'stale_sub')]
+  named = dict(x.split(':') for x in critic(t)[0].hint.split('are ')[1].split())
+  followed = _traj(env.reset(task), [f'{named["-"]}(9,4)', 'plus(5,2)', 'ans(7)'])
+  assert followed.messages[0].info['error'] == 'unknown_tool' and not followed.success
