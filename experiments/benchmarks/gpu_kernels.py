@@ -12,6 +12,21 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              one device: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak.
   train_wide the same with fewer, wider layers (d_model 4096, experts of 2048).
   decode     greedy KV-cache decoding of that model's shape: new tokens per second.
+  breakdown  where the `train` part's AdamW step (base shape) spends its time, each piece its own
+             compiled program: the whole step; the forward + loss; value_and_grad of the loss; the
+             AdamW update alone (on real gradients); forward + backward of the first layer's
+             attention block and MoE block, and of that MoE block's routing and its expert FFN (on
+             rows sorted by expert) alone; the final norm + LM head + log-softmax cross-entropy from
+             a B x T x D hidden state. Each row: seconds, share (seconds / the whole step's; shares
+             need not add up: XLA fuses across pieces in the step, and a block runs once per layer,
+             `layers` of them), useful TFLOP/s where a FLOP count applies, and XLA's own count of
+             the compiled program (`xla_flops`, `xla_bytes`: bytes >> flops marks a memory-bound
+             piece). The MoE block's `dispatch_seconds` (its time less routing and expert FFN) is
+             the sort, gathers and weighted combine, by difference: moe.py runs them inside
+             `experts_sorted` around `grouped_ffn`, with no public function of their own. XLA counts
+             a scanned loop's body once (the step, forward and value_and_grad rows hold one of the L
+             layers; a block row is one layer, no loop) and may count custom calls (tokamax's
+             kernels) as 0: useful TFLOP/s are the rate; XLA's counts say what kind of work it is.
 Useful FLOPs count multiply-adds as 2 and only the work a dense reference must do (experts at k
 per token; attention's causal half). Times: median of timed runs after a warm-up, in one process.
 `--small` shrinks every shape to run on a CPU in seconds (what the test runs).
@@ -19,18 +34,20 @@ per token; attention's causal half). Times: median of timed runs after a warm-up
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from experiments.benchmarks.muon_gpu import timed
 from research.metrics import flops as flops_lib
 from research.model import attention, decode, kernels, moe, transformer
 from research.model.config import ModelConfig
-from research.model.layers import materialize
+from research.model.layers import materialize, rms_norm
 from research.parallel import mesh as mesh_lib
 from research.train import optimizer as optim
 from research.train import step as step_lib
@@ -38,11 +55,14 @@ from research.train import step as step_lib
 BF16 = dict(dtype='bfloat16', param_dtype='bfloat16')
 
 
-def _row(name: str, useful_flops: float, fn, *args, **extra) -> dict:
-  """One measured row; a failure (a kernel that does not apply, memory) is recorded, not raised."""
+def _row(name: str, useful_flops: float, fn, *args, cost=None, **extra) -> dict:
+  """One measured row; a failure (a kernel that does not apply, memory) is recorded, not raised.
+  cost: a function giving more fields once fn has run (_compiled's XLA counts)."""
   try:
     s = timed(fn, *args)
-    row = dict(name=name, seconds=s, useful_tflop_per_s=useful_flops / s / 1e12, **extra)
+    row = dict(name=name, seconds=s, **extra, **(cost() if cost else {}))
+    if useful_flops:
+      row['useful_tflop_per_s'] = useful_flops / s / 1e12
   except Exception as e:  # pylint: disable=broad-except
     row = dict(name=name, error=f'{type(e).__name__}: {str(e)[:300]}', **extra)
   print(json.dumps(row), flush=True)
@@ -51,6 +71,10 @@ def _row(name: str, useful_flops: float, fn, *args, **extra) -> dict:
 
 def _sq_loss(fn):
   return lambda *a: jnp.sum(jnp.square(fn(*a).astype(jnp.float32)))
+
+
+def _random_group_sizes(rows: int, experts: int):
+  return jnp.bincount(jax.random.randint(jax.random.key(3), (rows,), 0, experts), length=experts).astype(jnp.int32)
 
 
 def moe_rows(small: bool) -> list[dict]:
@@ -62,7 +86,7 @@ def moe_rows(small: bool) -> list[dict]:
     x = jax.random.normal(jax.random.key(1), (1, tokens, d), jnp.bfloat16)
     m = tokens * 8
     xs = jax.random.normal(jax.random.key(2), (m, d), jnp.bfloat16)
-    sizes = jnp.bincount(jax.random.randint(jax.random.key(3), (m,), 0, e), length=e).astype(jnp.int32)
+    sizes = _random_group_sizes(m, e)
     fwd_flops = 6.0 * m * d * f
     for kernel in ('mosaic', 'triton'):
       kernels.KERNEL_ORDER = (kernel,)
@@ -127,22 +151,54 @@ def _param_count(cfg: ModelConfig) -> int:
   return sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))))
 
 
-def _train_step_row(name: str, cfg: ModelConfig, rows_n: int, seq: int, opt: str) -> dict:
-  """One full train step timed; MFU against the device's bf16 peak."""
+def _setup(cfg: ModelConfig, rows_n: int, seq: int, opt: str) -> tuple[step_lib.Trainer, dict]:
+  """A one-device trainer and a batch of random tokens on it."""
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows_n, seq + 1), dtype=np.int32)
   batch = dict(tokens=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((rows_n, seq), np.int32),
                loss_mask=np.ones((rows_n, seq), np.float32))
-  per_step = flops_lib.flops_per_token(cfg, seq)['train'] * rows_n * seq
   mesh = mesh_lib.make_mesh('data:1')
   trainer = step_lib.Trainer(cfg, optim.make_optimizer(optim.OptimizerConfig(name=opt), 100, cfg, mesh), mesh)
+  return trainer, trainer.put_batch(batch)
+
+
+def _compiled(trainer: step_lib.Trainer, fn, donate: bool = False):
+  """(run, cost): fn jitted under the trainer's rules, compiled in its mesh on run's first call
+  (inside _row's error handling); cost() gives XLA's count of the compiled program's flops and
+  bytes accessed."""
   box = []
 
-  def run(put):  # Init on the first (untimed) call, inside _row's error handling.
+  def run(*args):
     if not box:
-      box.extend((trainer.init(jax.random.key(0)), trainer.step_fn()))
-    box[0], metrics = box[1](box[0], put, jax.random.key(1))
-    return metrics['loss']
-  row = _row(name, per_step, run, trainer.put_batch(batch), tokens=rows_n * seq,
+      with jax.set_mesh(trainer.mesh):
+        box.append(jax.jit(trainer.with_rules(fn), donate_argnums=(0,) if donate else ()).lower(*args).compile())
+    return box[0](*args)
+
+  def cost():
+    counts = box[0].cost_analysis() or {}
+    return dict(xla_flops=counts.get('flops'), xla_bytes=counts.get('bytes accessed'))
+  return run, cost
+
+
+def _threaded(trainer: step_lib.Trainer, fn, box: list):
+  """(run, cost) of fn(state, *args) -> (state, out), the state donated and carried in box
+  (initialized by the trainer on the first, untimed, call)."""
+  compiled, cost = _compiled(trainer, fn, donate=True)
+
+  def run(*args):
+    if not box:
+      box.append(trainer.init(jax.random.key(0)))
+    box[0], out = compiled(box[0], *args)
+    return box[0], out
+  return run, cost
+
+
+def _train_step_row(name: str, trainer: step_lib.Trainer, batch: dict, box: list) -> dict:
+  """One full train step timed on the state in box; MFU against the device's bf16 peak."""
+  cfg = trainer.cfg
+  rows_n, seq = batch['tokens'].shape
+  per_step = flops_lib.flops_per_token(cfg, seq)['train'] * rows_n * seq
+  run, cost = _threaded(trainer, functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx), box)
+  row = _row(name, per_step, run, batch, jax.random.key(1), cost=cost, tokens=rows_n * seq,
              params=_param_count(cfg), attention=attention.resolve_impl(cfg.attention_impl),
              experts=moe.resolve_impl(cfg.moe_impl))
   if 'seconds' in row:
@@ -156,10 +212,113 @@ def train_rows(small: bool, wide: bool = False) -> list[dict]:
   out = []
   for opt in ('adamw', 'muon'):
     for rows in (rows_n, rows_n // 2):
-      out.append(_train_step_row(f'train_step/{"wide/" * wide}{opt}', cfg, rows, seq, opt))
+      out.append(_train_step_row(f'train_step/{"wide/" * wide}{opt}', *_setup(cfg, rows, seq, opt), []))
       if 'seconds' in out[-1]:
         break
   return out
+
+
+def _piece(name: str, useful_flops: float, trainer: step_lib.Trainer, fn, *args, **extra) -> dict:
+  run, cost = _compiled(trainer, fn)
+  return _row(name, useful_flops, run, *args, cost=cost, **extra)
+
+
+def _block_flops(cfg: ModelConfig, seq: int) -> tuple[float, float, float]:
+  """Forward FLOPs per token of one attention block, one MoE block (k experts and the router; no
+  shared experts in this family) and the LM head, by flops.py (a layer: two depths' difference)."""
+  per_token = lambda n: flops_lib.flops_per_token(dataclasses.replace(cfg, num_layers=n), seq)['forward']
+  experts = moe.ideal_flops(1, cfg) + 2 * cfg.d_model * cfg.num_experts
+  return per_token(2) - per_token(1) - experts, experts, 2.0 * cfg.d_model * cfg.vocab_size
+
+
+def _block_rows(trainer: step_lib.Trainer, params: dict, batch: dict) -> list[dict]:
+  """Forward + backward of the first layer's attention block and MoE block, of that block's routing
+  and expert FFN alone, and of the final norm, LM head and cross-entropy, on random hidden states."""
+  cfg, eps = trainer.cfg, trainer.cfg.norm_eps
+  b, t = batch['tokens'].shape
+  n, m, layers = b * t, b * t * cfg.num_experts_per_tok, cfg.num_moe_layers
+  p = jax.tree.map(lambda a: a[0], params['moe_layers'])
+  x = jax.random.normal(jax.random.key(2), (b, t, cfg.d_model), cfg.dtype)
+  xs = jax.random.normal(jax.random.key(3), (m, cfg.d_model), cfg.dtype)
+
+  def attn(p, x, seg):
+    mask = kernels.MaskInfo(seg, seg, jnp.arange(t)[None], jnp.arange(t))
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    return x + attention.attention(p['attn'], rms_norm(x, p['attn_norm'], eps), pos, mask, cfg)[0]
+  block = lambda p, x, seg: x + moe.moe(p['moe'], rms_norm(x, p['mlp_norm'], eps), seg != 0, cfg)[0]
+  route = lambda p, x_NxD, valid_N: moe.route(p, x_NxD, valid_N, cfg)[0]
+  impl = moe.resolve_impl(cfg.moe_impl)
+  ffn = lambda p, xs, sizes: moe.grouped_ffn(p, xs, sizes, impl, cfg.moe_block_size)
+
+  def head(p, h, targets):
+    logits = transformer.lm_head(p['lm_head']['kernel'], rms_norm(h, p['final_norm']['scale'], eps), cfg)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+  train = lambda fn: jax.grad(_sq_loss(fn), (0, 1))
+  attn_f, moe_f, head_f = (3 * n * f for f in _block_flops(cfg, seq=t))
+  seg = batch['segment_ids']
+  rows = [
+      _piece('breakdown/attention_block', attn_f, trainer, train(attn), p, x, seg, layers=cfg.num_layers),
+      _piece('breakdown/moe_block', moe_f, trainer, train(block), p, x, seg, layers=layers, experts=impl),
+      _piece('breakdown/moe_route', 6.0 * n * cfg.d_model * cfg.num_experts, trainer, train(route), p['moe'],
+             x.reshape(n, -1), seg.reshape(-1) != 0, layers=layers),
+      _piece('breakdown/moe_expert_ffn', 3 * moe.ideal_flops(n, cfg), trainer, train(ffn), p['moe'], xs,
+             _random_group_sizes(m, cfg.num_experts), layers=layers, experts=impl),
+      _piece('breakdown/head_and_ce', head_f, trainer, jax.grad(head, (0, 1)),
+             {k: params[k] for k in ('final_norm', 'lm_head')}, x, batch['targets']),
+  ]
+  if all('seconds' in r for r in rows[1:4]):
+    rows[1]['dispatch_seconds'] = rows[1]['seconds'] - rows[2]['seconds'] - rows[3]['seconds']
+  return rows
+
+
+def breakdown_rows(small: bool) -> list[dict]:
+  """Where the `train` part's AdamW step (base shape) spends its time: see the module docstring."""
+  cfg, rows_n, seq = _model(small)
+  trainer, batch = _setup(cfg, rows_n, seq, 'adamw')
+  box = []
+  rows = [_train_step_row('breakdown/step', trainer, batch, box)]
+  if not box:
+    return rows
+  fwd = flops_lib.flops_per_token(cfg, seq)['forward'] * rows_n * seq
+
+  def loss(params, batch):
+    objective, aux = step_lib.loss_fn(params, batch, cfg)
+    return objective + step_lib.router_loss(aux, cfg)
+  params = box[0].params
+  rows.append(_piece('breakdown/forward', fwd, trainer, loss, params, batch))
+  value_and_grad, cost = _compiled(trainer, jax.value_and_grad(loss))
+  rows.append(_row('breakdown/value_and_grad', 3 * fwd, value_and_grad, params, batch, cost=cost))
+  rows += _block_rows(trainer, params, batch)
+  if 'seconds' in rows[2]:  # Last: the update donates the state that holds params.
+    def update(state, grads):
+      updates, opt_state = trainer.tx.update(grads, state.opt_state, state.params)
+      return step_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), ()
+    run, cost = _threaded(trainer, update, box)
+    rows.append(_row('breakdown/optimizer_update', 0.0, run, value_and_grad(params, batch)[1], cost=cost))
+  whole = rows[0].get('seconds')
+  for row in rows:
+    if whole and 'seconds' in row:
+      row['share'] = row['seconds'] / whole
+  print(_table(rows), flush=True)
+  return rows
+
+
+def _table(rows: list[dict]) -> str:
+  """The breakdown as a markdown table; 'x layers' is a block's share times its number of layers."""
+  fmt = lambda v, scale=1.0: 'n/a' if v is None else f'{v / scale:.4g}'
+  lines = ['| piece | s | share | x layers | useful TFLOP/s | XLA GFLOP | XLA GB |', '|---|' + '---:|' * 6]
+  for r in rows:
+    if 'error' in r:
+      lines.append(f"| {r['name']} | {r['error']} |")
+      continue
+    share = r.get('share')
+    cells = [r['name'], fmt(r['seconds']), fmt(share), fmt(share and share * r.get('layers', 1)),
+             fmt(r.get('useful_tflop_per_s')), fmt(r['xla_flops'], 1e9), fmt(r['xla_bytes'], 1e9)]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+    if 'dispatch_seconds' in r:
+      lines.append(f"| moe dispatch (block - route - FFN) | {fmt(r['dispatch_seconds'])} | "
+                   f"{fmt(share and r['dispatch_seconds'] / r['seconds'] * share)} | | | | |")
+  return '\n'.join(lines)
 
 
 def decode_rows(small: bool) -> list[dict]:
@@ -177,7 +336,7 @@ def decode_rows(small: bool) -> list[dict]:
 
 
 PARTS = {'moe': moe_rows, 'attention': attention_rows, 'train': train_rows, 'decode': decode_rows,
-         'train_wide': lambda small: train_rows(small, wide=True)}
+         'train_wide': lambda small: train_rows(small, wide=True), 'breakdown': breakdown_rows}
 
 
 def main():

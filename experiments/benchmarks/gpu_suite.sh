@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU benchmarks in one prepared run; results go to $OUT, each part bounded by `timeout`, so one
 # failing part leaves the others' results.
-#   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~12 min)
+#   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~14 min)
 #   OUT=... PARTS="moe train attention decode" bash experiments/benchmarks/gpu_suite.sh
-# Parts: moe train train_wide attention decode (experiments/benchmarks/gpu_kernels.py: kernels, MFU, decode),
+#   OUT=... PARTS="breakdown train" bash experiments/benchmarks/gpu_suite.sh   # where a step's time goes
+# Parts: moe train train_wide attention decode breakdown (experiments/benchmarks/gpu_kernels.py: kernels, MFU,
+# decode, the train step piece by piece),
 # rl (one RL update of a 32k-token trajectory, rl_scale.py's gpu_update), muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
 # gpu_aot.py), paths (moe_paths.py's float32 table). Needs jax, optax, numpy and tokamax with its
 # dependencies (carried as wheels on a machine without a registry: docs/benchmarks.md).
@@ -11,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu_suite}"
 PY="${PYTHON:-python3}"
-PARTS="${PARTS:-moe train train_wide attention decode rl muon aot paths}"
+PARTS="${PARTS:-moe train train_wide attention decode breakdown rl muon aot paths}"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
@@ -19,10 +21,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$PY" -c 'from research.model import kernels
 print("tokamax GPU kernels that compile here:", {op: kernels.gpu_kernels(op) for op in ("ragged_dot", "attention")})'
 
-declare -A LIMIT=([moe]=150 [train]=140 [train_wide]=130 [attention]=80 [decode]=50)
+declare -A LIMIT=([moe]=150 [train]=140 [train_wide]=130 [attention]=80 [decode]=50 [breakdown]=120)
 for part in $PARTS; do
   case "$part" in
-    moe|train|train_wide|attention|decode)
+    moe|train|train_wide|attention|decode|breakdown)
       timeout "${LIMIT[$part]}" "$PY" -m experiments.benchmarks.gpu_kernels --part="$part" \
         --json="$OUT/gpu_$part.json" || echo "$part failed: $?";;
     rl)

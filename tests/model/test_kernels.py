@@ -138,3 +138,29 @@ def test_gpu_benchmark_runs_small_on_cpu(part):
       assert row['error'].startswith('NotImplementedError'), row
     else:
       assert row['seconds'] > 0, row
+
+
+def test_gpu_benchmark_breakdown_small_on_cpu():
+  """The breakdown part at CPU sizes: every piece is timed and has its share of the step. XLA's
+  counts of the compiled pieces order forward < forward + backward <= step, the optimizer update
+  moves more bytes than it does FLOPs (memory-bound), and a block is at least the useful work
+  research/metrics/flops.py counts for it. The blocks times their layers, plus the head, come within
+  a sane factor of flops.py's forward + backward FLOPs (not of XLA's count of the whole
+  value_and_grad, which holds the scanned layer body once)."""
+  from experiments.benchmarks import gpu_kernels  # pylint: disable=g-import-not-at-top
+  from research.metrics import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  rows = {r['name'].removeprefix('breakdown/'): r for r in gpu_kernels.breakdown_rows(small=True)}
+  assert set(rows) == {'step', 'forward', 'value_and_grad', 'attention_block', 'moe_block', 'moe_route',
+                       'moe_expert_ffn', 'head_and_ce', 'optimizer_update'}
+  for name, row in rows.items():
+    assert row['seconds'] > 0 and row['share'] == row['seconds'] / rows['step']['seconds'], (name, row)
+  xla = {name: row['xla_flops'] for name, row in rows.items()}
+  assert 0 < xla['forward'] < xla['value_and_grad'] <= xla['step'], xla
+  assert rows['optimizer_update']['xla_bytes'] > xla['optimizer_update'] > 0
+  for name in ('attention_block', 'moe_block', 'moe_route', 'moe_expert_ffn', 'head_and_ce'):
+    row = rows[name]
+    assert row['useful_tflop_per_s'] * row['seconds'] * 1e12 <= xla[name] * (1 + 1e-9), (name, row)
+  cfg, b, t = gpu_kernels._model(small=True)  # pylint: disable=protected-access
+  blocks = (xla['attention_block'] + xla['moe_block']) * cfg.num_layers + xla['head_and_ce']
+  train = flops_lib.flops_per_token(cfg, t)['train'] * b * t
+  assert train <= blocks <= 2.5 * train, (blocks, train)
