@@ -7,7 +7,8 @@
 Rules are versioned (research/rl/critics.py says how to write one, as data or as code). Each step:
   1. Efficacy. For up to `probes_per_step` hinted positions (spread over the rules; a suspended
      rule's at most once every `retest_every` steps), the prober re-samples `k` continuations from
-     the prefix with the hint and `k` without; the difference in success (of the continuation: what
+     the prefix with the hint and `k` without (by the teacher's weights: its hinted distribution is
+     what is distilled); the difference in success (of the continuation: what
      the prefix cost is forgiven) is one probe of that rule@version, with the teacher's log-prob
      gain on the corrected token. The estimate is the mean of the last `window` probes with a
      normal interval (mean +- z * standard error).

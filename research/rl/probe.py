@@ -7,8 +7,12 @@ messages, as toolcalc is), then `from_here()` forgives what the prefix cost (too
 invalid call would make success 0 whatever follows, and most hints follow one), its prompt becomes
 the conversation so far, and `k` continuations are
 sampled from it with the hint as a system message before the target's turn (as the teacher sees it,
-trajectory.with_hint) and `k` without. All positions go in one rollout of a fixed row count, so it
-compiles once; a position whose hinted prefix leaves no room for a message is not probed. The gain is the teacher's log-prob (teacher weights, with the hint) minus the
+trajectory.with_hint) and `k` without, both by the teacher's weights: what is distilled is the
+teacher's hinted distribution, so the probe asks whether the hint makes the teacher better from
+here. (With a frozen teacher the policy's own weights drift from it; sampled with them, the hinted
+arm measured how a policy never trained on hinted contexts reads one: after 20-50 steps rules that
+still helped the teacher read negative, docs/results.md.) All positions go in one rollout of a
+fixed row count, so it compiles once; a position whose hinted prefix leaves no room for a message is not probed. The gain is the teacher's log-prob (teacher weights, with the hint) minus the
 student's (current weights, without it) of the corrected token: the first token where the first
 hinted continuation leaves the original message (0 when it writes the same message again).
 """
@@ -74,7 +78,7 @@ class Prober:
     rows = 2 * self.k * self.slots
     episodes += [replay(self.env, trajs[positions[0][0]], positions[0][1].message, None)
                  for _ in range(rows - len(episodes))]
-    out, _ = self.sampler.rollout(params, episodes, key)
+    out, _ = self.sampler.rollout(teacher_params, episodes, key)
     ok = np.array([t.success for t in out], float).reshape(-1, 2, self.k)
     gains = self._gains(params, teacher_params, trajs, positions, out[::2 * self.k])
     return [Probe(fb.tag, float(ok[j, 0].mean()), float(ok[j, 1].mean()), gains[j])

@@ -318,3 +318,25 @@ def test_governance_experiment_arms_and_its_harmful_rule():
   named = dict(x.split(':') for x in critic(t)[0].hint.split('are ')[1].split())
   followed = _traj(env.reset(task), [f'{named["-"]}(9,4)', 'plus(5,2)', 'ans(7)'])
   assert followed.messages[0].info['error'] == 'unknown_tool' and not followed.success
+
+
+def test_probe_samples_with_the_teachers_weights():
+  """Both arms of a probe are sampled by the teacher's weights (its hinted distribution is what is
+  distilled), not by the policy's, which drift from a frozen teacher's."""
+  import jax
+  from research.model import transformer
+  from research.model.config import ModelConfig
+  from research.rl.sampler import Sampler, SamplerConfig
+  from research.tokenizer.base import ByteTokenizer
+  cfg = ModelConfig(vocab_size=280, d_model=32, num_heads=2, num_kv_heads=1, head_dim=16, num_layers=1,
+                    num_experts=2, num_experts_per_tok=1, d_expert=32)
+  student, teacher = (transformer.init(cfg, jax.random.key(k)) for k in (0, 1))
+  sampler = Sampler(cfg, ByteTokenizer(tc.WORDS), SamplerConfig(max_len=160, max_turn_tokens=8, max_turns=2))
+  seen, rollout = [], sampler.rollout
+  sampler.rollout = lambda params, eps, key, **kw: (seen.append(params), rollout(params, eps, key, **kw))[1]
+  t = _traj(tc.ToolCalc().reset(tc.Task((3, 4), ('+',))), ['add(3,4)', 'ans(7)'])
+  fb = critics.Critic(['unknown_tool'])(t)
+  probes = probe.Prober(sampler, tc.ToolCalc(), k=2, probes_per_step=1)(student, teacher, [t], [(0, fb[0])],
+                                                                         jax.random.key(2))
+  assert len(probes) == 1 and probes[0].tag == 'unknown_tool@1'
+  assert len(seen) == 1 and seen[0] is teacher
