@@ -16,11 +16,14 @@ runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolki
           `expert:8` and `fsdp:2,expert:2,tensor:2`: does XLA:GPU take jax.lax.ragged_all_to_all
           as we call it, and which collectives come out.
   kernels forward + backward of a bf16 MoE layer (`moe_impl='tokamax'`, expert-parallel on
-          `expert:8`) and of GQA and MLA attention (`attention_impl='tokamax'`) with tokamax's
-          Triton kernels (tokamax's cross-compile option: no GPU to ask): how many Triton kernel
-          calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA fallback).
-          Its Mosaic GPU kernels ask the device for its compute capability, so they cannot be
-          built without one.
+          `expert:8`, and on one GPU at gpu_kernels' `train` shape: 8,192 tokens, d_model 2048, 64
+          experts of 768, top-8) and of GQA and MLA attention (`attention_impl='tokamax'`) with
+          tokamax's Triton kernels (tokamax's cross-compile option: no GPU to ask): how many Triton
+          kernel calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA
+          fallback). Its Mosaic GPU kernels ask the device for its compute capability, so they
+          cannot be built without one.
+Every program's `scatters` lists the scatter ops XLA kept (dtype[shape]): one over D-wide rows of
+activations is a pass of atomics on a GPU. `temp_bytes` is XLA's memory_analysis() scratch.
 The optimized HLO of each program goes next to the JSON (`<json>.<name>.hlo.txt`). About 1 min on 2
 CPU cores. The CUDA wheels stay out of requirements.lock: only this venv needs them (a GPU
 machine's jax[cuda12] has them).
@@ -31,12 +34,15 @@ import os
 # No GPU is needed or wanted: the plugin still registers and makes topologies, but skips its CUDA
 # version checks and the attempt to open a device.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# XLA:GPU sorts long arrays with CUB, whose scratch size is asked of a device: XLA's own sort instead.
+os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_enable_cub_radix_sort=false'
 
 import argparse  # pylint: disable=g-import-not-at-top
 import dataclasses
 import importlib.metadata
 import json
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -90,6 +96,7 @@ def moe_programs(devices):
 
 
 TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
+SCATTER = re.compile(r'= (\w+\[[\d,]*\])\{[^}]*\} scatter\(')
 
 
 def kernel_programs(devices):
@@ -103,14 +110,23 @@ def kernel_programs(devices):
   loss = lambda p, x, v: jnp.sum(moe.moe(p, x, v, cfg)[0].astype(jnp.float32))
   seg = jnp.ones((2, 512), jnp.int32)
   mask = kernels.MaskInfo(seg, seg, jnp.arange(512)[None], jnp.arange(512))
+  one = jax.sharding.SingleDeviceSharding(devices[0])
+  big = dataclasses.replace(cfg, d_model=2048, num_experts=64, num_experts_per_tok=8, d_expert=768)
+  p_big = jax.eval_shape(lambda: materialize(moe.moe_specs(big), jax.random.key(0), jnp.bfloat16))
+  x_big = jax.ShapeDtypeStruct((2, 4096, big.d_model), jnp.bfloat16)
+  loss_big = lambda p, x, v: jnp.sum(moe.moe(p, x, v, big)[0].astype(jnp.float32))
   with tokamax.config.cross_compile(True):
     with jax.set_mesh(mesh_lib.make_mesh('expert:8', devices)):
       yield 'kernels_moe_ep_expert:8', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()
+    with jax.set_mesh(mesh_lib.make_mesh('expert:1', devices[:1])):
+      yield 'kernels_moe_1gpu_train_shape', jax.jit(
+          jax.grad(loss_big, argnums=(0, 1)), in_shardings=(one,) * 3,
+          out_shardings=(jax.tree.map(lambda _: one, p_big), one)).lower(
+              p_big, x_big, jax.ShapeDtypeStruct((2, 4096), jnp.bool_)).compile()
     for name, (h, kh, dq, dv) in {'gqa': (8, 2, 128, 128), 'mla': (8, 8, 192, 128)}.items():
       shapes = [jax.ShapeDtypeStruct((2, 512, n, d), jnp.bfloat16) for n, d in ((h, dq), (kh, dq), (kh, dv))]
       attend = lambda q, k, v, dq=dq: jnp.sum(
           attention.attend(q, k, v, mask, dq ** -0.5, 'tokamax')[0].astype(jnp.float32))
-      one = jax.sharding.SingleDeviceSharding(devices[0])
       yield f'kernels_attention_{name}', jax.jit(jax.grad(attend, (0, 1, 2)), in_shardings=(one,) * 3,
                                                  out_shardings=(one,) * 3).lower(*shapes).compile()
   kernels.KERNEL_ORDER = None
@@ -140,10 +156,12 @@ def main():
     hlo_file.write_text(hlo)
     r = result[name] = dict(hlo_stats.schedule(hlo), ops=hlo_stats.collective_ops(hlo),
                             collective_bytes_per_device=hlo_stats.collective_bytes(hlo), hlo=str(hlo_file),
-                            kernel_calls=hlo.count(TRITON_CALL))
+                            kernel_calls=hlo.count(TRITON_CALL), scatters=SCATTER.findall(hlo),
+                            temp_bytes=compiled.memory_analysis().temp_size_in_bytes)
     print(f'{name}: {r["ops"]}; {r["async"]} async pairs, {r["async_overlapped"]} with matmuls '
           f'between start and done; {r["collective_bytes_per_device"] / 2**20:.2f} MiB sent per device; '
-          f'{r["kernel_calls"]} Triton kernel calls')
+          f'{r["kernel_calls"]} Triton kernel calls; scatters {r["scatters"]}; '
+          f'{r["temp_bytes"] / 2**20:.1f} MiB scratch')
   print('(ragged-all-to-all bytes depend on the routing and are not counted)')
   stem.write_text(json.dumps(result, indent=2))
 

@@ -15,6 +15,8 @@ experts and come back through `jax.lax.ragged_all_to_all` (`ep_exchange='ragged'
 through its emulation by a dense all-to-all of padded chunks (`'all_to_all'`, runs everywhere).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -161,16 +163,68 @@ def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0):
                       block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block))
 
 
+# Moving rows into and out of expert order, by gathers only, forward and backward. jax transposes
+# a gather into a scatter-add (atomics on a GPU, and for a `.set` a second, u32 scatter to find
+# which write won); the transpose of a permutation is the inverse permutation, another gather.
+
+
+def sort_order(ids_M):
+  """(order, inverse): ids_M[order] ascending (stable), order[inverse] = arange."""
+  order = jnp.argsort(ids_M, stable=True)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype),
+                                                unique_indices=True)
+  return order, inverse
+
+
+@jax.custom_vjp
+def permute_rows(x_MxD, perm_M, inverse_M):
+  """x_MxD[perm_M] for a permutation perm_M whose inverse is inverse_M."""
+  return x_MxD[perm_M]
+
+
+def _permute_fwd(x_MxD, perm_M, inverse_M):
+  return x_MxD[perm_M], (perm_M, inverse_M)
+
+
+def _permute_bwd(res, g_MxD):
+  perm_M, inverse_M = res
+  return g_MxD[inverse_M], None, None
+
+
+permute_rows.defvjp(_permute_fwd, _permute_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def copy_rows(x_NxD, order_M, inverse_M, k: int):
+  """x_NxD[order_M // k]: row n once for each of its k copies, copy j of row n being n * k + j and
+  order_M a permutation of the N * k copies (inverse_M its inverse). The backward adds each row's k
+  copies' gradients, gathered back into copy order, in float32."""
+  return x_NxD[order_M // k]
+
+
+def _copy_fwd(x_NxD, order_M, inverse_M, k):
+  return x_NxD[order_M // k], (order_M, inverse_M)
+
+
+def _copy_bwd(k, res, g_MxD):
+  order_M, inverse_M = res
+  g_NxKxD = g_MxD[inverse_M].reshape(-1, k, g_MxD.shape[-1])
+  return jnp.sum(g_NxKxD.astype(jnp.float32), axis=1).astype(g_MxD.dtype), None, None
+
+
+copy_rows.defvjp(_copy_fwd, _copy_bwd)
+
+
 def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0):
   """Sort token copies by expert, grouped FFN, unsort and combine. No token is dropped."""
   n, k = experts_NxK.shape
   e = p['wo'].shape[0]
   flat_e = experts_NxK.reshape(-1)
-  order = jnp.argsort(flat_e, stable=True)
-  xs = x_NxD[order // k]
+  order, inverse = sort_order(flat_e)
+  xs = copy_rows(x_NxD, order, inverse, k)
   group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
   ys = grouped_ffn(p, xs, group_sizes, impl, block)
-  y_NxKxD = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
+  y_NxKxD = permute_rows(ys, inverse, order).reshape(n, k, -1)
   return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
 
 
@@ -261,7 +315,7 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     n, k = experts_NxK.shape
     c, d = n * k, x_NxD.shape[1]
     flat_e = experts_NxK.reshape(-1)
-    order = jnp.argsort(flat_e, stable=True)
+    order, inverse = sort_order(flat_e)
     # counts[i, j, l]: copies device i sends to local expert l of device j.
     counts_PxPxL = jax.lax.all_gather(
         jnp.bincount(flat_e, length=e).astype(jnp.int32).reshape(ep, e_local), ep_axis)
@@ -269,7 +323,7 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
     send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
     recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
-    recv_x = transport(x_NxD[order // k], jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me],
+    recv_x = transport(copy_rows(x_NxD, order, inverse, k), jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me],
                        sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
     # Received rows: by sender, then by local expert; the rest is padding (id e_local).
     recv_PxL = counts_PxPxL[:, me]
@@ -280,14 +334,14 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
       real = (recv_e < e_local).astype(recv_x.dtype)[:, None]
       y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
     else:
-      r_order = jnp.argsort(recv_e, stable=True)  # Padding sorts last, past every group.
-      ys = grouped_ffn(pw, recv_x[r_order], jnp.sum(recv_PxL, axis=0), impl, block)
-      y = jnp.zeros_like(ys).at[r_order].set(ys)
+      r_order, r_inverse = sort_order(recv_e)  # Padding sorts last, past every group.
+      ys = grouped_ffn(pw, permute_rows(recv_x, r_order, r_inverse), jnp.sum(recv_PxL, axis=0), impl, block)
+      y = permute_rows(ys, r_inverse, r_order)
     if f_names:
       y = jax.lax.psum(y, _collective_axes(f_names))
     back = transport(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],
                      send_start_PxP[:, me], sizes_PxP[me], axis_name=ep_axis)
-    y_NxKxD = jnp.zeros_like(back).at[order].set(back).reshape(n, k, d)
+    y_NxKxD = permute_rows(back, inverse, order).reshape(n, k, d)
     return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
 
   return jax.shard_map(body, mesh=mesh, in_specs=(wspec, tok, tok, tok), out_specs=tok,

@@ -98,6 +98,52 @@ def test_grouped_paths_match_dense(cfg, impl):
   np.testing.assert_allclose(out, ref, atol=1e-5)
 
 
+def _eqns(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside it (pjit, scan, custom rules)."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
+          yield from _eqns(getattr(sub, 'jaxpr', sub))
+
+
+@pytest.mark.parametrize('impl', ['ragged', 'blocked'])
+def test_sorted_paths_gradients_match_dense_and_move_rows_by_gathers(impl):
+  """Sorting token copies by expert and back is a permutation both ways: no scatter of D-wide rows
+  in the forward or backward program (a GPU would run it with atomics); the FFN path's own
+  scatters (the blocked layout) are its business, so only `ragged` is checked for none."""
+  cfg = dataclasses.replace(SIGMOID, moe_impl=impl)
+  p = _params(cfg)
+  x = jax.random.normal(jax.random.key(14), (2, 24, cfg.d_model))
+  valid = jnp.ones((2, 24), bool)
+  probe = jax.random.normal(jax.random.key(15), x.shape)
+  loss = lambda c: lambda p, x: jnp.sum(moe.moe(p, x, valid, c)[0] * probe)
+  ref = jax.grad(loss(dataclasses.replace(cfg, moe_impl='dense')), argnums=(0, 1))(p, x)
+  grad = jax.grad(loss(cfg), argnums=(0, 1))
+  for a, b in zip(jax.tree.leaves(jax.jit(grad)(p, x)), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  row_scatters = [e.primitive.name for e in _eqns(jax.make_jaxpr(grad)(p, x).jaxpr)
+                  if e.primitive.name.startswith('scatter') and e.invars[0].aval.shape[-1] == cfg.d_model]
+  if impl == 'ragged':
+    assert not row_scatters, row_scatters
+  else:
+    assert row_scatters  # The check sees scatters where there are some.
+
+
+def test_copy_rows_backward_adds_each_tokens_copies():
+  x = jax.random.normal(jax.random.key(16), (5, 3))
+  order, inverse = moe.sort_order(jnp.asarray([3, 0, 1, 3, 2, 0, 1, 1, 2, 0]))  # 5 tokens x k=2.
+  np.testing.assert_array_equal(order[inverse], np.arange(10))
+  g = jax.random.normal(jax.random.key(17), (10, 3))
+  f = lambda x: jnp.sum(moe.copy_rows(x, order, inverse, 2) * g)
+  expected = np.zeros((5, 3))
+  np.add.at(expected, np.asarray(order) // 2, np.asarray(g))
+  np.testing.assert_allclose(jax.grad(f)(x), expected, rtol=1e-6)
+  h = lambda y: jnp.sum(moe.permute_rows(y, order, inverse) * g)
+  np.testing.assert_allclose(jax.grad(h)(g), np.asarray(g)[np.asarray(inverse)], rtol=1e-6)
+
+
 def test_dropless_when_every_token_picks_the_same_experts():
   cfg = dataclasses.replace(SOFTMAX, norm_topk_prob=False)
   p = _params(cfg)
