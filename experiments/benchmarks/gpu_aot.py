@@ -22,6 +22,9 @@ runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolki
           kernel calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA
           fallback). Its Mosaic GPU kernels ask the device for its compute capability, so they
           cannot be built without one.
+  train   (only with --train_step=base:ROWS or wide:ROWS; minutes on 2 cores) gpu_kernels' `train`
+          step of that shape with AdamW on one GPU, the state donated: its memory_analysis() says
+          whether ROWS x 4,096 tokens fit a device before a GPU run tries (`peak_bytes`).
 Every program's `scatters` lists the scatter ops XLA kept (dtype[shape]): one over D-wide rows of
 activations is a pass of atomics on a GPU. `temp_bytes` is XLA's memory_analysis() scratch.
 The optimized HLO of each program goes next to the JSON (`<json>.<name>.hlo.txt`). About 1 min on 2
@@ -39,6 +42,7 @@ os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + ' --xla_gpu_enable_c
 
 import argparse  # pylint: disable=g-import-not-at-top
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import pathlib
@@ -132,12 +136,46 @@ def kernel_programs(devices):
   kernels.KERNEL_ORDER = None
 
 
+def train_program(devices, shape: str):
+  """(name, compiled): gpu_kernels' AdamW train step at `shape` ('base:ROWS' or 'wide:ROWS')."""
+  import tokamax  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import gpu_kernels  # pylint: disable=g-import-not-at-top
+  from research.model import transformer  # pylint: disable=g-import-not-at-top
+  from research.train import optimizer as optim  # pylint: disable=g-import-not-at-top
+  from research.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  kind, rows = shape.split(':')
+  if kind not in ('base', 'wide'):
+    raise ValueError(f'--train_step={shape!r}: expected base:ROWS or wide:ROWS')
+  cfg, _, seq = gpu_kernels._model(False, wide=kind == 'wide')  # pylint: disable=protected-access
+  cfg = dataclasses.replace(cfg, moe_impl='tokamax', attention_impl='tokamax')
+  mesh = mesh_lib.make_mesh('data:1', devices[:1])
+  tx = step_lib.freeze_untrainable(optim.make_optimizer(optim.OptimizerConfig(name='adamw'), 100, cfg, mesh))
+
+  def init():
+    params = transformer.init(cfg, jax.random.key(0))
+    return step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  state, key = jax.eval_shape(init), jax.eval_shape(lambda: jax.random.key(0))
+  batch = {k: jax.ShapeDtypeStruct((int(rows), seq), jnp.float32 if k == 'loss_mask' else jnp.int32)
+           for k in ('tokens', 'targets', 'segment_ids', 'loss_mask')}
+  one = jax.sharding.SingleDeviceSharding(devices[0])
+  on_one = lambda tree: jax.tree.map(lambda _: one, tree)
+  step = functools.partial(step_lib.train_step, cfg=cfg, tx=tx)
+  kernels.KERNEL_ORDER = ('triton',)
+  with tokamax.config.cross_compile(True), jax.set_mesh(mesh), sharding_lib.use_rules(sharding_lib.RULES):
+    compiled = jax.jit(step, in_shardings=(on_one(state), on_one(batch), one), out_shardings=(on_one(state), one),
+                       donate_argnums=0).lower(state, batch, key).compile()
+  kernels.KERNEL_ORDER = None
+  return f'train_step_{kind}_{rows}x{seq}', compiled
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--json', required=True, help='where to write the results')
   parser.add_argument('--gpu', default='h100',
                       help=f'one of {sorted(GPUS)} or a GpuTargetConfigProto text file')
   parser.add_argument('--mesh', default='fsdp:2,expert:4', help='mesh of the Muon part')
+  parser.add_argument('--train_step', default='',
+                      help='also compile gpu_kernels\' train step: base:ROWS or wide:ROWS (slow)')
   parser.add_argument('--chunk_bytes', type=int, default=2**20,
                       help='exchange chunk size; small, so the tiny tree has several chunks')
   args = parser.parse_args()
@@ -150,6 +188,8 @@ def main():
   stem.parent.mkdir(parents=True, exist_ok=True)
   programs = [*muon_programs(devices, args.mesh, args.chunk_bytes), *moe_programs(devices),
               *kernel_programs(devices)]
+  if args.train_step:
+    programs.append(train_program(devices, args.train_step))
   for name, compiled in programs:
     hlo = compiled.as_text()
     hlo_file = stem.with_name(f'{stem.name}.{name.replace(":", "").replace(",", "_")}.hlo.txt')
@@ -157,13 +197,19 @@ def main():
     r = result[name] = dict(hlo_stats.schedule(hlo), ops=hlo_stats.collective_ops(hlo),
                             collective_bytes_per_device=hlo_stats.collective_bytes(hlo), hlo=str(hlo_file),
                             kernel_calls=hlo.count(TRITON_CALL), scatters=SCATTER.findall(hlo),
-                            temp_bytes=compiled.memory_analysis().temp_size_in_bytes)
+                            **_memory(compiled.memory_analysis()))
     print(f'{name}: {r["ops"]}; {r["async"]} async pairs, {r["async_overlapped"]} with matmuls '
           f'between start and done; {r["collective_bytes_per_device"] / 2**20:.2f} MiB sent per device; '
           f'{r["kernel_calls"]} Triton kernel calls; scatters {r["scatters"]}; '
-          f'{r["temp_bytes"] / 2**20:.1f} MiB scratch')
+          f'{r["temp_bytes"] / 2**20:.1f} MiB scratch, peak {r["peak_bytes"] / 2**30:.2f} GiB')
   print('(ragged-all-to-all bytes depend on the routing and are not counted)')
   stem.write_text(json.dumps(result, indent=2))
+
+
+def _memory(m) -> dict:
+  """XLA's scratch and peak (arguments + outputs not aliased to a donated argument + scratch)."""
+  return dict(temp_bytes=m.temp_size_in_bytes, peak_bytes=m.argument_size_in_bytes + m.output_size_in_bytes
+              - m.alias_size_in_bytes + m.temp_size_in_bytes)
 
 
 def _plugin_version():

@@ -143,5 +143,22 @@ def ragged_dot(x_MxK, w_GxKxN, group_sizes_G):
   y = tokamax.ragged_dot(x_MxK, w_GxKxN.astype(x_MxK.dtype), group_sizes_G,
                          preferred_element_type=x_MxK.dtype,
                          implementation=kernel_order('ragged_dot'))
-  real_M = jnp.arange(x_MxK.shape[0]) < jnp.sum(group_sizes_G)
-  return jnp.where(real_M[:, None], y, 0)
+  return _keep_rows(y, jnp.arange(x_MxK.shape[0]) < jnp.sum(group_sizes_G))
+
+
+@jax.custom_vjp
+def _keep_rows(y_MxN, keep_M):
+  """y with the rows not in keep_M zeroed. The backward keeps the M-vector: jnp.where's transpose
+  saves its broadcast M x N condition, a residual as large as y (bool) for each call."""
+  return jnp.where(keep_M[:, None], y_MxN, 0)
+
+
+def _keep_rows_fwd(y_MxN, keep_M):
+  return _keep_rows(y_MxN, keep_M), keep_M
+
+
+def _keep_rows_bwd(keep_M, g_MxN):
+  return jnp.where(keep_M[:, None], g_MxN, 0), None
+
+
+_keep_rows.defvjp(_keep_rows_fwd, _keep_rows_bwd)

@@ -122,10 +122,21 @@ def block_size(num_rows: int, num_experts: int, requested: int = 0) -> int:
   return min(256, 1 << (target.bit_length() - 1))
 
 
+# What the expert FFN's backward keeps: its input rows (an argument) and the two projections. The
+# rest is recomputed, elementwise work only (the weights cast to the compute dtype, silu(gate) * up):
+# kept, it would hold a copy of every expert weight and several more M x F arrays per layer.
+_FFN_SAVED = jax.checkpoint_policies.save_only_these_names('expert_gate', 'expert_up')
+
+
 def _ffn_grouped(p, xs_MxD, grouped_dot):
   """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N)."""
-  rd = lambda x, w: grouped_dot(x, w.astype(xs_MxD.dtype))
-  return rd(jax.nn.silu(rd(xs_MxD, p['wi_gate'])) * rd(xs_MxD, p['wi_up']), p['wo'])
+  @functools.partial(jax.checkpoint, policy=_FFN_SAVED)
+  def ffn(p, xs_MxD):
+    rd = lambda x, w: grouped_dot(x, w.astype(x.dtype))
+    gate_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_gate']), 'expert_gate')
+    up_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_up']), 'expert_up')
+    return rd(jax.nn.silu(gate_MxF) * up_MxF, p['wo'])
+  return ffn({k: p[k] for k in ('wi_gate', 'wi_up', 'wo')}, xs_MxD)
 
 
 def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):

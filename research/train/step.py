@@ -46,10 +46,12 @@ MODEL_AUX = ('load', 'aux_loss', 'z_loss', 'attn_max_logit', 'routes')
 
 def loss_fn(params, batch, cfg: ModelConfig):
   """Mean next-token cross-entropy over loss_mask. Returns (loss, aux: the forward's and 'ce', 'tokens')."""
-  logits, aux, _ = transformer.forward(params, batch['tokens'], cfg,
-                                       segment_ids_BxT=batch['segment_ids'])
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  nll_BxT = -jnp.take_along_axis(logp, batch['targets'][..., None], axis=-1)[..., 0]
+  logits_BxTxV, aux, _ = transformer.forward(params, batch['tokens'], cfg,
+                                             segment_ids_BxT=batch['segment_ids'])
+  # logsumexp less the target's logit, picked by a one-hot product: its gradient is elementwise,
+  # where take_along_axis's is a scatter into a zeroed B x T x V buffer, and no log-softmax is kept.
+  target_BxT = jnp.sum(logits_BxTxV * jax.nn.one_hot(batch['targets'], cfg.vocab_size, dtype=logits_BxTxV.dtype), -1)
+  nll_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1) - target_BxT
   mask = batch['loss_mask'].astype(jnp.float32)
   ce = jnp.sum(nll_BxT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   return ce, {'ce': ce, 'tokens': jnp.sum(batch['loss_mask']), **aux}

@@ -98,6 +98,17 @@ def test_grouped_paths_match_dense(cfg, impl):
   np.testing.assert_allclose(out, ref, atol=1e-5)
 
 
+def _grads_and_dense_reference(cfg, seed: int):
+  """(grad: config -> gradient function of the layer's output against a random probe, params,
+  input, that gradient on the dense path)."""
+  p = _params(cfg)
+  x = jax.random.normal(jax.random.key(seed), (2, 24, cfg.d_model))
+  valid = jnp.ones((2, 24), bool)
+  probe = jax.random.normal(jax.random.key(seed + 1), x.shape)
+  grad = lambda c: jax.grad(lambda p, x: jnp.sum(moe.moe(p, x, valid, c)[0] * probe), argnums=(0, 1))
+  return grad, p, x, grad(dataclasses.replace(cfg, moe_impl='dense'))(p, x)
+
+
 def _eqns(jaxpr):
   """Every equation of a jaxpr and of the jaxprs inside it (pjit, scan, custom rules)."""
   for eqn in jaxpr.eqns:
@@ -114,13 +125,8 @@ def test_sorted_paths_gradients_match_dense_and_move_rows_by_gathers(impl):
   in the forward or backward program (a GPU would run it with atomics); the FFN path's own
   scatters (the blocked layout) are its business, so only `ragged` is checked for none."""
   cfg = dataclasses.replace(SIGMOID, moe_impl=impl)
-  p = _params(cfg)
-  x = jax.random.normal(jax.random.key(14), (2, 24, cfg.d_model))
-  valid = jnp.ones((2, 24), bool)
-  probe = jax.random.normal(jax.random.key(15), x.shape)
-  loss = lambda c: lambda p, x: jnp.sum(moe.moe(p, x, valid, c)[0] * probe)
-  ref = jax.grad(loss(dataclasses.replace(cfg, moe_impl='dense')), argnums=(0, 1))(p, x)
-  grad = jax.grad(loss(cfg), argnums=(0, 1))
+  grad_fn, p, x, ref = _grads_and_dense_reference(cfg, seed=14)
+  grad = grad_fn(cfg)
   for a, b in zip(jax.tree.leaves(jax.jit(grad)(p, x)), jax.tree.leaves(ref)):
     np.testing.assert_allclose(a, b, atol=1e-5)
   row_scatters = [e.primitive.name for e in _eqns(jax.make_jaxpr(grad)(p, x).jaxpr)
@@ -259,15 +265,10 @@ def test_expert_parallel_dropless_when_one_device_receives_everything():
 
 @pytest.mark.parametrize('mesh_spec', ['expert:4', 'fsdp:2,expert:2,tensor:2'])
 def test_expert_parallel_gradients_match_dense(mesh_spec):
-  p = _params(SOFTMAX)
-  x = jax.random.normal(jax.random.key(12), (2, 24, SOFTMAX.d_model))
-  valid = jnp.ones((2, 24), bool)
-  probe = jax.random.normal(jax.random.key(13), x.shape)
-  loss = lambda cfg: lambda p, x: jnp.sum(moe.moe(p, x, valid, cfg)[0] * probe)
-  ref = jax.grad(loss(dataclasses.replace(SOFTMAX, moe_impl='dense')), argnums=(0, 1))(p, x)
+  grad, p, x, ref = _grads_and_dense_reference(SOFTMAX, seed=12)
   cfg = dataclasses.replace(SOFTMAX, moe_impl='blocked', ep_exchange='all_to_all')
   with jax.set_mesh(mesh_lib.make_mesh(mesh_spec)):
-    out = jax.jit(jax.grad(loss(cfg), argnums=(0, 1)))(p, x)
+    out = jax.jit(grad(cfg))(p, x)
   for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
