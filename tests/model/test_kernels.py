@@ -121,9 +121,13 @@ def test_tokamax_experts_match_dense(experts):
 def test_tokamax_ragged_dot_zeroes_rows_past_the_groups():
   x = jnp.ones((10, 4))
   w = jnp.ones((2, 4, 3))
-  y = kernels.ragged_dot(x, w, jnp.asarray([3, 4], jnp.int32))
+  sizes = jnp.asarray([3, 4], jnp.int32)
+  y = kernels.ragged_dot(x, w, sizes)
   np.testing.assert_array_equal(y[:7], 4.0)
   np.testing.assert_array_equal(y[7:], 0.0)
+  dx = jax.grad(lambda x: jnp.sum(kernels.ragged_dot(x, w, sizes)))(x)
+  np.testing.assert_array_equal(dx[:7], 3.0)  # Each input feeds 3 outputs of weight 1.
+  np.testing.assert_array_equal(dx[7:], 0.0)
 
 
 @pytest.mark.parametrize('part', ['moe', 'train', 'decode'])

@@ -286,3 +286,17 @@ def test_ragged_exchange_lowers_to_the_primitive():
       texts[exchange] = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x).as_text()
   assert texts['ragged'].count('ragged_all_to_all') >= 4  # Two exchanges, each transposed.
   assert 'ragged_all_to_all' not in texts['auto']  # `auto` emulates it on CPU.
+
+
+def test_expert_ffn_backward_keeps_only_its_rows_and_two_projections(capsys):
+  """bf16 compute on float32 weights: the backward keeps the input rows and the gate and up
+  projections (M x F each); the weights' bf16 cast and silu(gate) * up are recomputed."""
+  cfg = dataclasses.replace(SOFTMAX, dtype='bfloat16')
+  p = {k: v for k, v in _params(cfg).items() if k.startswith('w')}
+  m, f = 48, cfg.d_expert
+  xs = jax.random.normal(jax.random.key(18), (m, cfg.d_model), jnp.bfloat16)
+  sizes = jnp.full((cfg.num_experts,), m // cfg.num_experts, jnp.int32)
+  jax.ad_checkpoint.print_saved_residuals(lambda p, xs: moe.grouped_ffn(p, xs, sizes, 'ragged'), p, xs)
+  kept = [line for line in capsys.readouterr().out.splitlines()
+          if line and 'from the argument' not in line and 'from a constant' not in line]
+  assert len(kept) == 2 and all(line.startswith(f'bf16[{m},{f}]') for line in kept), kept
