@@ -122,17 +122,23 @@ def block_size(num_rows: int, num_experts: int, requested: int = 0) -> int:
   return min(256, 1 << (target.bit_length() - 1))
 
 
-# What the expert FFN's backward keeps: its input rows (an argument) and the two projections. The
-# rest is recomputed, elementwise work only (the weights cast to the compute dtype, silu(gate) * up):
-# kept, it would hold a copy of every expert weight and several more M x F arrays per layer.
-_FFN_SAVED = jax.checkpoint_policies.save_only_these_names('expert_gate', 'expert_up')
+# What the expert FFN's backward keeps: its input rows (an argument), the gate and up projections and
+# the weights cast to the compute dtype (when parameters are stored wider); silu(gate) * up is
+# recomputed. Left to itself it also keeps four more M x F arrays per layer. Recomputing the cast too
+# makes it worse: XLA then transposes the float32 parameter stacks for the backward's W^T
+# (docs/benchmarks.md).
+_FFN_SAVED = jax.checkpoint_policies.save_only_these_names('expert_gate', 'expert_up', 'expert_weight')
 
 
 def _ffn_grouped(p, xs_MxD, grouped_dot):
   """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N)."""
+  def rd(x, w):
+    if w.dtype != x.dtype:
+      w = jax.ad_checkpoint.checkpoint_name(w.astype(x.dtype), 'expert_weight')
+    return grouped_dot(x, w)
+
   @functools.partial(jax.checkpoint, policy=_FFN_SAVED)
   def ffn(p, xs_MxD):
-    rd = lambda x, w: grouped_dot(x, w.astype(x.dtype))
     gate_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_gate']), 'expert_gate')
     up_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_up']), 'expert_up')
     return rd(jax.nn.silu(gate_MxF) * up_MxF, p['wo'])

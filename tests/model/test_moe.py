@@ -288,15 +288,17 @@ def test_ragged_exchange_lowers_to_the_primitive():
   assert 'ragged_all_to_all' not in texts['auto']  # `auto` emulates it on CPU.
 
 
-def test_expert_ffn_backward_keeps_only_its_rows_and_two_projections(capsys):
-  """bf16 compute on float32 weights: the backward keeps the input rows and the gate and up
-  projections (M x F each); the weights' bf16 cast and silu(gate) * up are recomputed."""
+@pytest.mark.parametrize('param_dtype', ['float32', 'bfloat16'])
+def test_expert_ffn_backward_keeps_its_projections_and_weight_casts_only(capsys, param_dtype):
+  """bf16 compute: the backward keeps, besides its arguments, the gate and up projections (M x F)
+  and, from float32 parameters, the weights' bf16 casts; silu(gate) * up is recomputed."""
   cfg = dataclasses.replace(SOFTMAX, dtype='bfloat16')
-  p = {k: v for k, v in _params(cfg).items() if k.startswith('w')}
+  p = {k: v.astype(param_dtype) for k, v in _params(cfg).items() if k.startswith('w')}
   m, f = 48, cfg.d_expert
   xs = jax.random.normal(jax.random.key(18), (m, cfg.d_model), jnp.bfloat16)
   sizes = jnp.full((cfg.num_experts,), m // cfg.num_experts, jnp.int32)
   jax.ad_checkpoint.print_saved_residuals(lambda p, xs: moe.grouped_ffn(p, xs, sizes, 'ragged'), p, xs)
-  kept = [line for line in capsys.readouterr().out.splitlines()
-          if line and 'from the argument' not in line and 'from a constant' not in line]
-  assert len(kept) == 2 and all(line.startswith(f'bf16[{m},{f}]') for line in kept), kept
+  kept = sorted(line.split(' ')[0] for line in capsys.readouterr().out.splitlines()
+                if line and 'from the argument' not in line and 'from a constant' not in line)
+  casts = sorted(f'bf16[{",".join(map(str, w.shape))}]' for w in p.values()) if param_dtype == 'float32' else []
+  assert kept == sorted([f'bf16[{m},{f}]'] * 2 + casts), kept
