@@ -22,7 +22,7 @@ runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolki
           kernel calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA
           fallback). Its Mosaic GPU kernels ask the device for its compute capability, so they
           cannot be built without one.
-  train   (only with --train_step=base:ROWS or wide:ROWS; minutes on 2 cores) gpu_kernels' `train`
+  train   (only with --train_step=base:ROWS or wide:ROWS; a minute on 2 cores) gpu_kernels' `train`
           step of that shape with AdamW on one GPU, the state donated: its memory_analysis() says
           whether ROWS x 4,096 tokens fit a device before a GPU run tries (`peak_bytes`).
 Every program's `scatters` lists the scatter ops XLA kept (dtype[shape]): one over D-wide rows of
@@ -52,14 +52,17 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import topologies
 
+from experiments.benchmarks import gpu_kernels
 from experiments.benchmarks import muon as muon_bench
 from experiments.benchmarks import trees
-from research.model import attention, kernels, moe
+from research.model import attention, kernels, moe, transformer
 from research.model.config import ModelConfig
 from research.model.layers import materialize
 from research.optim import hlo_stats
 from research.parallel import mesh as mesh_lib
 from research.parallel import sharding as sharding_lib
+from research.train import optimizer as optim
+from research.train import step as step_lib
 
 SPECS = pathlib.Path(__file__).parent / 'gpu_specs'
 GPUS = {'h100': SPECS / 'h100_sxm.txtpb'}
@@ -136,16 +139,17 @@ def kernel_programs(devices):
   kernels.KERNEL_ORDER = None
 
 
-def train_program(devices, shape: str):
-  """(name, compiled): gpu_kernels' AdamW train step at `shape` ('base:ROWS' or 'wide:ROWS')."""
+def train_shape(text: str) -> tuple[str, int]:
+  """--train_step's value: 'base:ROWS' or 'wide:ROWS' -> (kind, rows)."""
+  kind, _, rows = text.partition(':')
+  if kind not in ('base', 'wide') or not rows.isdigit() or int(rows) < 1:
+    raise argparse.ArgumentTypeError(f'{text!r}: expected base:ROWS or wide:ROWS, ROWS a positive integer')
+  return kind, int(rows)
+
+
+def train_program(devices, kind: str, rows: int):
+  """(name, compiled): gpu_kernels' AdamW train step of shape `kind` ('base' or 'wide') on rows x seq."""
   import tokamax  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import gpu_kernels  # pylint: disable=g-import-not-at-top
-  from research.model import transformer  # pylint: disable=g-import-not-at-top
-  from research.train import optimizer as optim  # pylint: disable=g-import-not-at-top
-  from research.train import step as step_lib  # pylint: disable=g-import-not-at-top
-  kind, rows = shape.split(':')
-  if kind not in ('base', 'wide'):
-    raise ValueError(f'--train_step={shape!r}: expected base:ROWS or wide:ROWS')
   cfg, _, seq = gpu_kernels._model(False, wide=kind == 'wide')  # pylint: disable=protected-access
   cfg = dataclasses.replace(cfg, moe_impl='tokamax', attention_impl='tokamax')
   mesh = mesh_lib.make_mesh('data:1', devices[:1])
@@ -155,15 +159,15 @@ def train_program(devices, shape: str):
     params = transformer.init(cfg, jax.random.key(0))
     return step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   state, key = jax.eval_shape(init), jax.eval_shape(lambda: jax.random.key(0))
-  batch = {k: jax.ShapeDtypeStruct((int(rows), seq), jnp.float32 if k == 'loss_mask' else jnp.int32)
+  batch = {k: jax.ShapeDtypeStruct((rows, seq), jnp.float32 if k == 'loss_mask' else jnp.int32)
            for k in ('tokens', 'targets', 'segment_ids', 'loss_mask')}
   one = jax.sharding.SingleDeviceSharding(devices[0])
   on_one = lambda tree: jax.tree.map(lambda _: one, tree)
   step = functools.partial(step_lib.train_step, cfg=cfg, tx=tx)
   kernels.KERNEL_ORDER = ('triton',)
   with tokamax.config.cross_compile(True), jax.set_mesh(mesh), sharding_lib.use_rules(sharding_lib.RULES):
-    compiled = jax.jit(step, in_shardings=(on_one(state), on_one(batch), one), out_shardings=(on_one(state), one),
-                       donate_argnums=0).lower(state, batch, key).compile()
+    compiled = jax.jit(step, in_shardings=(on_one(state), on_one(batch), one),
+                       out_shardings=(on_one(state), one), donate_argnums=0).lower(state, batch, key).compile()
   kernels.KERNEL_ORDER = None
   return f'train_step_{kind}_{rows}x{seq}', compiled
 
@@ -174,8 +178,8 @@ def main():
   parser.add_argument('--gpu', default='h100',
                       help=f'one of {sorted(GPUS)} or a GpuTargetConfigProto text file')
   parser.add_argument('--mesh', default='fsdp:2,expert:4', help='mesh of the Muon part')
-  parser.add_argument('--train_step', default='',
-                      help='also compile gpu_kernels\' train step: base:ROWS or wide:ROWS (slow)')
+  parser.add_argument('--train_step', type=train_shape, default=None,
+                      help='also compile gpu_kernels\' train step: base:ROWS or wide:ROWS (a minute)')
   parser.add_argument('--chunk_bytes', type=int, default=2**20,
                       help='exchange chunk size; small, so the tiny tree has several chunks')
   args = parser.parse_args()
@@ -189,7 +193,7 @@ def main():
   programs = [*muon_programs(devices, args.mesh, args.chunk_bytes), *moe_programs(devices),
               *kernel_programs(devices)]
   if args.train_step:
-    programs.append(train_program(devices, args.train_step))
+    programs.append(train_program(devices, *args.train_step))
   for name, compiled in programs:
     hlo = compiled.as_text()
     hlo_file = stem.with_name(f'{stem.name}.{name.replace(":", "").replace(",", "_")}.hlo.txt')

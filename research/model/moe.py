@@ -340,8 +340,9 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
     send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
     recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
-    recv_x = transport(copy_rows(x_NxD, order, inverse, k), jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me],
-                       sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
+    recv_x = transport(copy_rows(x_NxD, order, inverse, k), jnp.zeros((ep * c, d), x_NxD.dtype),
+                       send_start_PxP[me], sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me],
+                       axis_name=ep_axis)
     # Received rows: by sender, then by local expert; the rest is padding (id e_local).
     recv_PxL = counts_PxPxL[:, me]
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
@@ -352,7 +353,8 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
       y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
     else:
       r_order, r_inverse = sort_order(recv_e)  # Padding sorts last, past every group.
-      ys = grouped_ffn(pw, permute_rows(recv_x, r_order, r_inverse), jnp.sum(recv_PxL, axis=0), impl, block)
+      ys = grouped_ffn(pw, permute_rows(recv_x, r_order, r_inverse), jnp.sum(recv_PxL, axis=0), impl,
+                       block)
       y = permute_rows(ys, r_inverse, r_order)
     if f_names:
       y = jax.lax.psum(y, _collective_axes(f_names))

@@ -50,7 +50,8 @@ def loss_fn(params, batch, cfg: ModelConfig):
                                              segment_ids_BxT=batch['segment_ids'])
   # logsumexp less the target's logit, picked by a one-hot product: its gradient is elementwise,
   # where take_along_axis's is a scatter into a zeroed B x T x V buffer, and no log-softmax is kept.
-  target_BxT = jnp.sum(logits_BxTxV * jax.nn.one_hot(batch['targets'], cfg.vocab_size, dtype=logits_BxTxV.dtype), -1)
+  onehot_BxTxV = jax.nn.one_hot(batch['targets'], logits_BxTxV.shape[-1], dtype=logits_BxTxV.dtype)
+  target_BxT = jnp.sum(logits_BxTxV * onehot_BxTxV, axis=-1)
   nll_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1) - target_BxT
   mask = batch['loss_mask'].astype(jnp.float32)
   ce = jnp.sum(nll_BxT * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -300,5 +300,5 @@ def test_expert_ffn_backward_keeps_its_projections_and_weight_casts_only(capsys,
   jax.ad_checkpoint.print_saved_residuals(lambda p, xs: moe.grouped_ffn(p, xs, sizes, 'ragged'), p, xs)
   kept = sorted(line.split(' ')[0] for line in capsys.readouterr().out.splitlines()
                 if line and 'from the argument' not in line and 'from a constant' not in line)
-  casts = sorted(f'bf16[{",".join(map(str, w.shape))}]' for w in p.values()) if param_dtype == 'float32' else []
+  casts = [f'bf16[{",".join(map(str, w.shape))}]' for w in p.values()] if param_dtype == 'float32' else []
   assert kept == sorted([f'bf16[{m},{f}]'] * 2 + casts), kept
