@@ -3,7 +3,7 @@
 # failing part leaves the others' results.
 #   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~14 min)
 #   OUT=... PARTS="moe train attention decode" bash experiments/benchmarks/gpu_suite.sh
-#   OUT=... PARTS="breakdown train" bash experiments/benchmarks/gpu_suite.sh   # where a step's time goes
+#   OUT=... PARTS="breakdown train train_wide" bash experiments/benchmarks/gpu_suite.sh  # MFU, where time goes
 # Parts: moe train train_wide attention decode breakdown (experiments/benchmarks/gpu_kernels.py: kernels, MFU,
 # decode, the train step piece by piece),
 # rl (one RL update of a 32k-token trajectory, rl_scale.py's gpu_update), muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
