@@ -142,7 +142,7 @@ def _ffn_grouped(p, xs_MxD, grouped_dot):
     gate_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_gate']), 'expert_gate')
     up_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_up']), 'expert_up')
     return rd(jax.nn.silu(gate_MxF) * up_MxF, p['wo'])
-  return ffn({k: p[k] for k in ('wi_gate', 'wi_up', 'wo')}, xs_MxD)
+  return ffn(p, xs_MxD)
 
 
 def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
@@ -182,7 +182,9 @@ def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0):
 
 # Moving rows into and out of expert order, by gathers only, forward and backward. jax transposes
 # a gather into a scatter-add (atomics on a GPU, and for a `.set` a second, u32 scatter to find
-# which write won); the transpose of a permutation is the inverse permutation, another gather.
+# which write won); the transpose of a permutation is the inverse permutation, another gather. A
+# token's k copies are jnp.repeat's rows permuted (XLA fuses the repeat into the gather; its
+# transpose adds the copies back).
 
 
 def sort_order(ids_M):
@@ -211,34 +213,13 @@ def _permute_bwd(res, g_MxD):
 permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def copy_rows(x_NxD, order_M, inverse_M, k: int):
-  """x_NxD[order_M // k]: row n once for each of its k copies, copy j of row n being n * k + j and
-  order_M a permutation of the N * k copies (inverse_M its inverse). The backward adds each row's k
-  copies' gradients, gathered back into copy order, in float32."""
-  return x_NxD[order_M // k]
-
-
-def _copy_fwd(x_NxD, order_M, inverse_M, k):
-  return x_NxD[order_M // k], (order_M, inverse_M)
-
-
-def _copy_bwd(k, res, g_MxD):
-  order_M, inverse_M = res
-  g_NxKxD = g_MxD[inverse_M].reshape(-1, k, g_MxD.shape[-1])
-  return jnp.sum(g_NxKxD.astype(jnp.float32), axis=1).astype(g_MxD.dtype), None, None
-
-
-copy_rows.defvjp(_copy_fwd, _copy_bwd)
-
-
 def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0):
   """Sort token copies by expert, grouped FFN, unsort and combine. No token is dropped."""
   n, k = experts_NxK.shape
   e = p['wo'].shape[0]
   flat_e = experts_NxK.reshape(-1)
   order, inverse = sort_order(flat_e)
-  xs = copy_rows(x_NxD, order, inverse, k)
+  xs = permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse)
   group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
   ys = grouped_ffn(p, xs, group_sizes, impl, block)
   y_NxKxD = permute_rows(ys, inverse, order).reshape(n, k, -1)
@@ -340,9 +321,9 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
     send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
     recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
-    recv_x = transport(copy_rows(x_NxD, order, inverse, k), jnp.zeros((ep * c, d), x_NxD.dtype),
-                       send_start_PxP[me], sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me],
-                       axis_name=ep_axis)
+    xs = permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse)
+    recv_x = transport(xs, jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me], sizes_PxP[me],
+                       recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
     # Received rows: by sender, then by local expert; the rest is padding (id e_local).
     recv_PxL = counts_PxPxL[:, me]
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),

@@ -10,6 +10,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import jaxprs
 from research.data import synthetic
 from research.model import transformer
 from research.model.config import ModelConfig
@@ -108,16 +109,6 @@ def _muon_trainer(cfg, mesh_spec, rules=sharding.RULES):
   return step_lib.Trainer(cfg, tx, mesh, rules=rules)
 
 
-def _eqns(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for v in eqn.params.values():
-      for sub in v if isinstance(v, (tuple, list)) else (v,):
-        inner = getattr(sub, 'jaxpr', sub)
-        if hasattr(inner, 'eqns'):
-          yield from _eqns(inner)
-
-
 def test_trainer_rules_lay_out_params_optimizer_state_and_activations():
   trainer = _muon_trainer(MLA, 'data:2,fsdp:2,expert:2', ALT_RULES)
   state, mesh = trainer.init(jax.random.key(0)), trainer.mesh
@@ -138,7 +129,7 @@ def test_trainer_rules_lay_out_params_optimizer_state_and_activations():
   with jax.set_mesh(mesh):
     jaxpr = jax.make_jaxpr(trainer.with_rules(lambda p, b: step_lib.loss_fn(p, b, MLA)[0]))(
         state.params, batch)
-  eqns = list(_eqns(jaxpr.jaxpr))
+  eqns = list(jaxprs.eqns(jaxpr.jaxpr))
   batch_entries = {e.params['sharding'].spec[0] for e in eqns
                    if e.primitive.name == 'sharding_constraint' and len(e.params['sharding'].spec) > 2}
   assert batch_entries == {('data', 'fsdp')}
