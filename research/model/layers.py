@@ -1,12 +1,15 @@
-"""Parameter specs and the small layers shared by attention and MoE: RMSNorm, RoPE, SwiGLU."""
+"""Parameter specs and the small layers shared by attention and MoE: RMSNorm, RoPE, SwiGLU, lookups."""
 
 import dataclasses
+import functools
 import math
 import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from research.parallel.sharding import constrain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,31 @@ def materialize(specs, rng: jax.Array, dtype) -> dict:
     key = jax.random.fold_in(rng, zlib.crc32(jax.tree_util.keystr(path).encode()) % (2**31))
     return (s.std * jax.random.truncated_normal(key, -2.0, 2.0, s.shape, jnp.float32)).astype(dtype)
   return jax.tree_util.tree_map_with_path(one, specs, is_leaf=is_spec)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def take_rows(table, idx, dtype, table_axes=None):
+  """table.astype(dtype)[idx] (the cast table laid out by logical `table_axes` first, if given).
+
+  Its gradient is summed in the table's own dtype: jax's transpose of this lookup scatter-adds in
+  `dtype`, and a bf16 sum stops growing at 256 times its terms (a token seen that often in a batch,
+  an expert's weights gathered for that many blocks).
+  """
+  cast = table.astype(dtype)
+  return (cast if table_axes is None else constrain(cast, table_axes))[idx]
+
+
+def _take_rows_fwd(table, idx, dtype, table_axes):
+  return take_rows(table, idx, dtype, table_axes), (table, idx)
+
+
+def _take_rows_bwd(dtype, table_axes, res, ct):
+  del dtype, table_axes
+  table, idx = res
+  return jnp.zeros_like(table).at[idx].add(ct.astype(table.dtype)), None
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from research.model import kernels
 from research.model.config import ModelConfig
-from research.model.layers import ParamSpec, swiglu, swiglu_specs
+from research.model.layers import ParamSpec, swiglu, swiglu_specs, take_rows
 from research.parallel import sharding
 from research.parallel.mesh import axis_size
 
@@ -163,7 +163,7 @@ def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
   block_expert_B = jnp.minimum(
       jnp.searchsorted(padded_end_E, jnp.arange(n_blocks) * block, side='right'), e - 1)
   dt = xs_MxD.dtype
-  w = lambda name: p[name].astype(dt)[block_expert_B]
+  w = lambda name: take_rows(p[name], block_expert_B, dt)
   h = jax.nn.silu(jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_gate')))
   h = h * jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_up'))
   yb = jnp.einsum('brf,bfd->brd', h, w('wo')).reshape(-1, d)

@@ -18,7 +18,8 @@ from research.model import attention as attn_lib
 from research.model import moe as moe_lib
 from research.model.config import ModelConfig
 from research.model.kernels import MaskInfo
-from research.model.layers import ParamSpec, is_spec, materialize, rms_norm, stack, swiglu, swiglu_specs
+from research.model.layers import (ParamSpec, is_spec, materialize, rms_norm, stack, swiglu, swiglu_specs,
+                                   take_rows)
 from research.parallel.sharding import constrain
 
 _REMAT = {
@@ -131,8 +132,9 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   else:
     valid = jnp.ones((b, t), bool) if segment_ids_BxT is None else segment_ids_BxT != 0
     write_at, kv_valid, pos, mask = _cache_step(cache, valid, positions_BxT)
-  # FSDP: gather the table, then look up (XLA cannot reshard a D-sharded lookup to batch-sharded).
-  x = constrain(params['embed']['embedding'].astype(dt), (None, None))[tokens_BxT]
+  # FSDP: gather the table (cast: half float32's bytes), then look up (XLA cannot reshard a
+  # D-sharded lookup to batch-sharded).
+  x = take_rows(params['embed']['embedding'], tokens_BxT, dt, (None, None))
   x = constrain(x, ('act_batch', 'act_seq', 'act_embed'))
   carry = (x, pos, mask, valid, write_at)
   aux, new_cache = {}, {} if cache is not None else None
