@@ -65,7 +65,7 @@ from research.train import optimizer as optim
 from research.train import step as step_lib
 
 SPECS = pathlib.Path(__file__).parent / 'gpu_specs'
-GPUS = {'h100': SPECS / 'h100_sxm.txtpb'}
+GPUS = {'h100': SPECS / 'h100_sxm.txtpb', 'h200': SPECS / 'h200_sxm.txtpb'}
 # One MoE layer: 16 x 256 tokens, d_model 256, 16 experts of 128 hidden units, top-2.
 MOE_CFG = ModelConfig(d_model=256, num_experts=16, num_experts_per_tok=2, d_expert=128, moe_impl='blocked')
 
@@ -107,7 +107,8 @@ SCATTER = re.compile(r'= (\w+\[[\d,]*\])\{[^}]*\} scatter\(')
 
 
 def kernel_programs(devices):
-  """name -> compiled gradient of a program whose expert or attention path is tokamax's Triton."""
+  """name -> compiled value and gradient of a program whose expert or attention path is tokamax's
+  Triton (the value too: a train step needs the forward's output, and grad alone lets XLA drop it)."""
   import tokamax  # pylint: disable=g-import-not-at-top
   kernels.KERNEL_ORDER = ('triton',)
   cfg = dataclasses.replace(MOE_CFG, moe_impl='tokamax', dtype='bfloat16', ep_exchange='all_to_all')
@@ -124,18 +125,19 @@ def kernel_programs(devices):
   loss_big = lambda p, x, v: jnp.sum(moe.moe(p, x, v, big)[0].astype(jnp.float32))
   with tokamax.config.cross_compile(True):
     with jax.set_mesh(mesh_lib.make_mesh('expert:8', devices)):
-      yield 'kernels_moe_ep_expert:8', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()
+      yield 'kernels_moe_ep_expert:8', jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
+          p, x, valid).compile()
     with jax.set_mesh(mesh_lib.make_mesh('expert:1', devices[:1])):
       yield 'kernels_moe_1gpu_train_shape', jax.jit(
-          jax.grad(loss_big, argnums=(0, 1)), in_shardings=(one,) * 3,
-          out_shardings=(jax.tree.map(lambda _: one, p_big), one)).lower(
+          jax.value_and_grad(loss_big, argnums=(0, 1)), in_shardings=(one,) * 3,
+          out_shardings=(one, (jax.tree.map(lambda _: one, p_big), one))).lower(
               p_big, x_big, jax.ShapeDtypeStruct((2, 4096), jnp.bool_)).compile()
     for name, (h, kh, dq, dv) in {'gqa': (8, 2, 128, 128), 'mla': (8, 8, 192, 128)}.items():
       shapes = [jax.ShapeDtypeStruct((2, 512, n, d), jnp.bfloat16) for n, d in ((h, dq), (kh, dq), (kh, dv))]
       attend = lambda q, k, v, dq=dq: jnp.sum(
           attention.attend(q, k, v, mask, dq ** -0.5, 'tokamax')[0].astype(jnp.float32))
-      yield f'kernels_attention_{name}', jax.jit(jax.grad(attend, (0, 1, 2)), in_shardings=(one,) * 3,
-                                                 out_shardings=(one,) * 3).lower(*shapes).compile()
+      yield f'kernels_attention_{name}', jax.jit(jax.value_and_grad(attend, (0, 1, 2)), in_shardings=(one,) * 3,
+                                                 out_shardings=(one, (one,) * 3)).lower(*shapes).compile()
   kernels.KERNEL_ORDER = None
 
 

@@ -122,30 +122,34 @@ def block_size(num_rows: int, num_experts: int, requested: int = 0) -> int:
   return min(256, 1 << (target.bit_length() - 1))
 
 
-# What the expert FFN's backward keeps: its input rows (an argument), the gate and up projections and
-# the weights cast to the compute dtype (when parameters are stored wider); silu(gate) * up is
-# recomputed. Left to itself it also keeps four more M x F arrays per layer. Recomputing the cast too
-# makes it worse: XLA then transposes the float32 parameter stacks for the backward's W^T
-# (docs/benchmarks.md).
+# What the expert FFN's backward keeps (`dispatched_ffn`'s checkpoint): the gate and up projections and
+# the weights cast to the compute dtype (when parameters are stored wider). The rows in expert order
+# are gathered again from the token rows (kept anyway: the router's input), silu(gate) * up is
+# recomputed, and the routing weights, applied to the hidden units before the down projection, take
+# their gradient from M x F values the backward has (no M x D output is kept for them). Left to
+# itself the backward also keeps the sorted rows, the output rows and four more M x F arrays per
+# layer. Recomputing the casts too makes it worse: XLA then transposes the float32 parameter stacks
+# for the backward's W^T (docs/benchmarks.md).
 _FFN_SAVED = jax.checkpoint_policies.save_only_these_names('expert_gate', 'expert_up', 'expert_weight')
 
 
-def _ffn_grouped(p, xs_MxD, grouped_dot):
+def _swiglu_hidden(gate, up, scale_M):
+  """silu(gate) * up, each row scaled by scale_M (None: 1). gate and up are named for the checkpoint."""
+  h = (jax.nn.silu(jax.ad_checkpoint.checkpoint_name(gate, 'expert_gate'))
+       * jax.ad_checkpoint.checkpoint_name(up, 'expert_up'))
+  return h if scale_M is None else h * scale_M.astype(h.dtype)[..., None]
+
+
+def _ffn_grouped(p, xs_MxD, grouped_dot, scale_M):
   """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N)."""
   def rd(x, w):
     if w.dtype != x.dtype:
       w = jax.ad_checkpoint.checkpoint_name(w.astype(x.dtype), 'expert_weight')
     return grouped_dot(x, w)
-
-  @functools.partial(jax.checkpoint, policy=_FFN_SAVED)
-  def ffn(p, xs_MxD):
-    gate_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_gate']), 'expert_gate')
-    up_MxF = jax.ad_checkpoint.checkpoint_name(rd(xs_MxD, p['wi_up']), 'expert_up')
-    return rd(jax.nn.silu(gate_MxF) * up_MxF, p['wo'])
-  return ffn(p, xs_MxD)
+  return rd(_swiglu_hidden(rd(xs_MxD, p['wi_gate']), rd(xs_MxD, p['wi_up']), scale_M), p['wo'])
 
 
-def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
+def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int, scale_M):
   """Grouped matmul over blocks; rows past sum(group_sizes) are ignored (their output is zero)."""
   m, d = xs_MxD.shape
   e = group_sizes_E.shape[0]
@@ -158,26 +162,40 @@ def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int):
   row_expert_M = jnp.minimum(row_expert_M, e - 1)
   dest_M = padded_end_E[row_expert_M] - padded_E[row_expert_M] + jnp.arange(m) - start_E[row_expert_M]
   dest_M = jnp.where(real_M, dest_M, n_blocks * block)  # Out of range: dropped by the scatter.
-  xb = jnp.zeros((n_blocks * block, d), xs_MxD.dtype).at[dest_M].set(xs_MxD, mode='drop')
-  xb_BxRxD = xb.reshape(n_blocks, block, d)
+  to_blocks = lambda a_M: jnp.zeros((n_blocks * block, *a_M.shape[1:]), a_M.dtype).at[dest_M].set(
+      a_M, mode='drop').reshape(n_blocks, block, *a_M.shape[1:])
+  xb_BxRxD = to_blocks(xs_MxD)
   block_expert_B = jnp.minimum(
       jnp.searchsorted(padded_end_E, jnp.arange(n_blocks) * block, side='right'), e - 1)
   dt = xs_MxD.dtype
   w = lambda name: take_rows(p[name], block_expert_B, dt)
-  h = jax.nn.silu(jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_gate')))
-  h = h * jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_up'))
+  h = _swiglu_hidden(jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_gate')),
+                     jnp.einsum('brd,bdf->brf', xb_BxRxD, w('wi_up')),
+                     None if scale_M is None else to_blocks(scale_M))
   yb = jnp.einsum('brf,bfd->brd', h, w('wo')).reshape(-1, d)
   return jnp.where(real_M[:, None], yb.at[dest_M].get(mode='fill', fill_value=0), 0)
 
 
-def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0):
-  """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored)."""
+def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0, scale_M=None):
+  """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored); row m's
+  hidden units (so its output) scaled by scale_M[m] if given."""
   if impl == 'ragged':
-    return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E))
+    return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E), scale_M)
   if impl == 'tokamax':
-    return _ffn_grouped(p, xs_MxD, lambda x, w: kernels.ragged_dot(x, w, group_sizes_E))
-  return _ffn_blocked(p, xs_MxD, group_sizes_E,
-                      block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block))
+    return _ffn_grouped(p, xs_MxD, lambda x, w: kernels.ragged_dot(x, w, group_sizes_E), scale_M)
+  return _ffn_blocked(p, xs_MxD, group_sizes_E, block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block),
+                      scale_M)
+
+
+def dispatched_ffn(p, src_SxD, repeats: int, perm_M, inverse_M, group_sizes_E, impl: str, block: int = 0,
+                   scale_M=None):
+  """grouped_ffn on the rows jnp.repeat(src, repeats)[perm_M] (in expert order; inverse_M the
+  inverse permutation), under the checkpoint that keeps `_FFN_SAVED` only."""
+  @functools.partial(jax.checkpoint, policy=_FFN_SAVED)
+  def run(p, src_SxD, scale_M):
+    xs_MxD = permute_rows(jnp.repeat(src_SxD, repeats, axis=0), perm_M, inverse_M)
+    return grouped_ffn(p, xs_MxD, group_sizes_E, impl, block, scale_M)
+  return run(p, src_SxD, scale_M)
 
 
 # Moving rows into and out of expert order, by gathers only, forward and backward. jax transposes
@@ -213,17 +231,22 @@ def _permute_bwd(res, g_MxD):
 permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
+def _combine(ys_MxD, order, inverse, n: int, k: int):
+  """Token n's output: the sum of its k (already weighted) copies, rows ys_MxD in expert order."""
+  y_NxKxD = permute_rows(ys_MxD, inverse, order).reshape(n, k, -1)
+  return jnp.sum(y_NxKxD, axis=1, dtype=jnp.float32).astype(ys_MxD.dtype)
+
+
 def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0):
   """Sort token copies by expert, grouped FFN, unsort and combine. No token is dropped."""
   n, k = experts_NxK.shape
   e = p['wo'].shape[0]
   flat_e = experts_NxK.reshape(-1)
   order, inverse = sort_order(flat_e)
-  xs = permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse)
   group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
-  ys = grouped_ffn(p, xs, group_sizes, impl, block)
-  y_NxKxD = permute_rows(ys, inverse, order).reshape(n, k, -1)
-  return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
+  scale_M = permute_rows(weights_NxK.reshape(-1), order, inverse)
+  ys = dispatched_ffn(p, x_NxD, k, order, inverse, group_sizes, impl, block, scale_M)
+  return _combine(ys, order, inverse, n, k)
 
 
 def resolve_impl(impl: str) -> str:
@@ -293,8 +316,9 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
   expert`, `expert` and `tensor`).
 
   Each device sorts its C = N_local * k token copies by expert (hence by owning device), sends each
-  owner its rows with `transport` (`jax.lax.ragged_all_to_all` or its emulation), runs its local
-  experts on what it receives and sends the results back the same way. Offsets come from the
+  owner its rows and their routing weights with `transport` (`jax.lax.ragged_all_to_all` or its
+  emulation), runs its local experts on what it receives (weights applied to the hidden units) and
+  sends the results back the same way. Offsets come from the
   all-gathered counts. The receive buffer has the static worst case of ep * C rows (every peer
   routing everything here), so nothing is dropped; the real primitive moves only the real rows.
   Sharding F leaves partial sums of the down-projection, added with a psum.
@@ -321,28 +345,28 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
     send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
     recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
-    xs = permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse)
-    recv_x = transport(xs, jnp.zeros((ep * c, d), x_NxD.dtype), send_start_PxP[me], sizes_PxP[me],
-                       recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
+    exchange = lambda a_C: transport(a_C, jnp.zeros((ep * c, *a_C.shape[1:]), a_C.dtype), send_start_PxP[me],
+                                     sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
+    recv_x = exchange(permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse))
+    recv_w = exchange(permute_rows(weights_NxK.reshape(-1), order, inverse))  # Applied where computed.
     # Received rows: by sender, then by local expert; the rest is padding (id e_local).
     recv_PxL = counts_PxPxL[:, me]
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
                         jnp.append(recv_PxL.reshape(-1), ep * c - jnp.sum(recv_PxL)),
                         total_repeat_length=ep * c)
     if impl == 'dense':
-      real = (recv_e < e_local).astype(recv_x.dtype)[:, None]
+      real = jnp.where(recv_e < e_local, recv_w, 0).astype(recv_x.dtype)[:, None]
       y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
     else:
       r_order, r_inverse = sort_order(recv_e)  # Padding sorts last, past every group.
-      ys = grouped_ffn(pw, permute_rows(recv_x, r_order, r_inverse), jnp.sum(recv_PxL, axis=0), impl,
-                       block)
+      ys = dispatched_ffn(pw, recv_x, 1, r_order, r_inverse, jnp.sum(recv_PxL, axis=0), impl, block,
+                          permute_rows(recv_w, r_order, r_inverse))
       y = permute_rows(ys, r_inverse, r_order)
     if f_names:
       y = jax.lax.psum(y, _collective_axes(f_names))
     back = transport(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],
                      send_start_PxP[:, me], sizes_PxP[me], axis_name=ep_axis)
-    y_NxKxD = permute_rows(back, inverse, order).reshape(n, k, d)
-    return jnp.einsum('nkd,nk->nd', y_NxKxD, weights_NxK.astype(x_NxD.dtype))
+    return _combine(back, order, inverse, n, k)
 
   return jax.shard_map(body, mesh=mesh, in_specs=(wspec, tok, tok, tok), out_specs=tok,
                        check_vma=False)(pw, x_NxD, weights_NxK, experts_NxK)

@@ -281,14 +281,20 @@ def test_ragged_exchange_lowers_to_the_primitive():
 @pytest.mark.parametrize('param_dtype', ['float32', 'bfloat16'])
 def test_expert_ffn_backward_keeps_its_projections_and_weight_casts_only(capsys, param_dtype):
   """bf16 compute: the backward keeps, besides its arguments, the gate and up projections (M x F)
-  and, from float32 parameters, the weights' bf16 casts; silu(gate) * up is recomputed."""
+  and, from float32 parameters, the weights' bf16 casts: not the rows in expert order nor the output
+  rows (M x D each); silu(gate) * up is recomputed."""
   cfg = dataclasses.replace(SOFTMAX, dtype='bfloat16')
   p = {k: v.astype(param_dtype) for k, v in _params(cfg).items() if k.startswith('w')}
-  m, f = 48, cfg.d_expert
-  xs = jax.random.normal(jax.random.key(18), (m, cfg.d_model), jnp.bfloat16)
-  sizes = jnp.full((cfg.num_experts,), m // cfg.num_experts, jnp.int32)
-  jax.ad_checkpoint.print_saved_residuals(lambda p, xs: moe.grouped_ffn(p, xs, sizes, 'ragged'), p, xs)
+  n, k, f = 24, 2, cfg.d_expert
+  x = jax.random.normal(jax.random.key(18), (n, cfg.d_model), jnp.bfloat16)
+  experts = jax.random.randint(jax.random.key(19), (n * k,), 0, cfg.num_experts)
+  order, inverse = moe.sort_order(experts)
+  sizes = jnp.bincount(experts, length=cfg.num_experts).astype(jnp.int32)
+  scale = jax.random.uniform(jax.random.key(20), (n * k,))
+  ffn = lambda p, x, scale, order, inverse: moe.dispatched_ffn(p, x, k, order, inverse, sizes, 'ragged',
+                                                              scale_M=scale)
+  jax.ad_checkpoint.print_saved_residuals(ffn, p, x, scale, order, inverse)
   kept = sorted(line.split(' ')[0] for line in capsys.readouterr().out.splitlines()
                 if line and 'from the argument' not in line and 'from a constant' not in line)
   casts = [f'bf16[{",".join(map(str, w.shape))}]' for w in p.values()] if param_dtype == 'float32' else []
-  assert kept == sorted([f'bf16[{m},{f}]'] * 2 + casts), kept
+  assert kept == sorted([f'bf16[{n * k},{f}]'] * 2 + casts), kept
