@@ -141,7 +141,7 @@ def _model(small: bool, wide: bool = False) -> tuple[ModelConfig, int, int]:
   if wide:
     return ModelConfig(vocab_size=32768, d_model=4096, num_layers=6, num_heads=32, num_kv_heads=8,
                        head_dim=128, num_experts=32, num_experts_per_tok=8, d_expert=2048,
-                       dtype='bfloat16'), 4, 4096
+                       dtype='bfloat16'), 6, 4096
   return ModelConfig(vocab_size=32768, d_model=2048, num_layers=8, num_heads=16, num_kv_heads=4,
                      head_dim=128, num_experts=64, num_experts_per_tok=8, d_expert=768,
                      dtype='bfloat16'), 16, 4096

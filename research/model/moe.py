@@ -47,6 +47,12 @@ def moe_specs(cfg: ModelConfig) -> dict:
 # Router.
 
 
+@functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+def _router_logits(x_NxD, router_DxE):
+  """float32 logits; the backward casts x again rather than keep a float32 copy of it."""
+  return x_NxD.astype(jnp.float32) @ router_DxE.astype(jnp.float32)
+
+
 def route(p: dict, x_NxD, valid_N, cfg: ModelConfig, experts_NxK=None):
   """Top-k routing in float32. Returns (weights_NxK, experts_NxK, stats).
 
@@ -56,7 +62,7 @@ def route(p: dict, x_NxD, valid_N, cfg: ModelConfig, experts_NxK=None):
   Given experts_NxK (router replay), selection is skipped and only the weights are recomputed.
   """
   e, k = cfg.num_experts, cfg.num_experts_per_tok
-  logits_NxE = x_NxD.astype(jnp.float32) @ p['router'].astype(jnp.float32)
+  logits_NxE = _router_logits(x_NxD, p['router'])
   if cfg.router == 'softmax':
     score_NxE = probs_NxE = jax.nn.softmax(logits_NxE, axis=-1)
     choice_NxE = score_NxE
@@ -318,10 +324,10 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
   Each device sorts its C = N_local * k token copies by expert (hence by owning device), sends each
   owner its rows and their routing weights with `transport` (`jax.lax.ragged_all_to_all` or its
   emulation), runs its local experts on what it receives (weights applied to the hidden units) and
-  sends the results back the same way. Offsets come from the
-  all-gathered counts. The receive buffer has the static worst case of ep * C rows (every peer
-  routing everything here), so nothing is dropped; the real primitive moves only the real rows.
-  Sharding F leaves partial sums of the down-projection, added with a psum.
+  sends the results back the same way. Offsets come from the all-gathered counts. The receive buffer
+  has the static worst case of ep * C rows (every peer routing everything here), so nothing is
+  dropped; the real primitive moves only the real rows. Sharding F leaves partial sums of the
+  down-projection, added with a psum.
   """
   wspec = {k: sharding.fit_spec(sharding.spec(axes), p[k].shape, mesh)
            for k, axes in _EP_WEIGHT_AXES.items()}

@@ -1,4 +1,5 @@
-"""Lookups from float32 tables computed in bf16: their gradients are summed in float32."""
+"""bf16 compute from float32 parameters: lookups sum their gradients in float32; RMSNorm and the
+router keep no float32 copy of their input for the backward."""
 
 import dataclasses
 
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 
 import jaxprs
-from research.model import transformer
+from research.model import moe, transformer
 from research.model.config import ModelConfig
-from research.model.layers import take_rows
+from research.model.layers import rms_norm, take_rows
 
 BF16 = ModelConfig(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8, num_experts=4,
                    d_expert=16, d_ff=32, dtype='bfloat16')
@@ -56,3 +57,27 @@ def test_a_bf16_models_gradients_scatter_into_parameters_in_float32(moe_impl):
       params)['embed']['embedding'][0]
   want = grad(dataclasses.replace(cfg, dtype='float32'))
   np.testing.assert_allclose(grad(cfg), want, rtol=0.05, atol=0.05 * float(jnp.max(jnp.abs(want))))
+
+
+def _kept(capsys, fn, *args):
+  """What fn's backward keeps besides its arguments."""
+  jax.ad_checkpoint.print_saved_residuals(fn, *args)
+  return [line for line in capsys.readouterr().out.splitlines()
+          if line and 'from the argument' not in line and 'from a constant' not in line]
+
+
+def test_rms_norm_and_router_backward_keep_no_float32_copy_of_x(capsys):
+  x = jax.random.normal(jax.random.key(0), (4, 24, 32), jnp.bfloat16)
+  scale = 1.0 + jax.random.uniform(jax.random.key(1), (32,))
+  assert _kept(capsys, lambda x, s: rms_norm(x, s, 1e-6), x, scale) == []
+  router = jax.random.normal(jax.random.key(2), (32, 8))
+  assert _kept(capsys, moe._router_logits, x.reshape(-1, 32), router) == []  # pylint: disable=protected-access
+
+  def plain(x, s):  # The same formula, left to jax's AD.
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6) * s).astype(x.dtype)
+  ct = jax.random.normal(jax.random.key(3), x.shape, jnp.bfloat16)
+  got = jax.vjp(lambda x, s: rms_norm(x, s, 1e-6), x, scale)[1](ct)
+  want = jax.vjp(plain, x, scale)[1](ct)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
