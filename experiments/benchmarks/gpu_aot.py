@@ -90,7 +90,7 @@ def muon_programs(devices, mesh_spec, chunk_bytes):
 
 
 def moe_programs(devices):
-  """name -> compiled gradient of one expert-parallel MoE layer, per mesh and exchange."""
+  """name -> compiled value and gradient of one expert-parallel MoE layer, per mesh and exchange."""
   x = jax.ShapeDtypeStruct((16, 256, MOE_CFG.d_model), jnp.float32)
   valid = jax.ShapeDtypeStruct((16, 256), jnp.bool_)
   for mesh_spec in ('expert:8', 'fsdp:2,expert:2,tensor:2'):
@@ -99,7 +99,8 @@ def moe_programs(devices):
       p = jax.eval_shape(lambda c=cfg: materialize(moe.moe_specs(c), jax.random.key(0), jnp.float32))
       loss = lambda p, x, v, c=cfg: jnp.sum(moe.moe(p, x, v, c)[0])
       with jax.set_mesh(mesh_lib.make_mesh(mesh_spec, devices)):
-        yield f'moe_ep_{exchange}_{mesh_spec}', jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p, x, valid).compile()
+        yield f'moe_ep_{exchange}_{mesh_spec}', jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
+            p, x, valid).compile()
 
 
 TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
