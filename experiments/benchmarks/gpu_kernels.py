@@ -22,8 +22,9 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              `layers` of them), useful TFLOP/s where a FLOP count applies, and XLA's own count of
              the compiled program (`xla_flops`, `xla_bytes`: bytes >> flops marks a memory-bound
              piece). The MoE block's `dispatch_seconds` (its time less routing and expert FFN) is
-             the sort, gathers and weighted combine, by difference: moe.py runs them inside
-             `experts_sorted` around `grouped_ffn`, with no public function of their own. XLA counts
+             the sort, gathers and combine, with the backward's regather and recomputed SwiGLU
+             hidden units, by difference: moe.py runs them inside `experts_sorted` around
+             `grouped_ffn` (timed alone, without that checkpoint). XLA counts
              a scanned loop's body once (the step, forward and value_and_grad rows hold one of the L
              layers; a block row is one layer, no loop) and may count custom calls (tokamax's
              kernels) as 0: useful TFLOP/s are the rate; XLA's counts say what kind of work it is.
