@@ -12,7 +12,8 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              one device: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak.
   train_wide the same with fewer, wider layers (d_model 4096, experts of 2048).
   decode     greedy KV-cache decoding of that model's shape: new tokens per second.
-  breakdown  where the `train` part's AdamW step (base shape) spends its time, each piece its own
+  breakdown  where the `train` part's AdamW step (base shape; `breakdown_wide`: the `train_wide`
+             part's) spends its time, each piece its own
              compiled program: the whole step; the forward + loss; value_and_grad of the loss; the
              AdamW update alone (on real gradients); forward + backward of the first layer's
              attention block and MoE block, and of that MoE block's routing and its expert FFN (on
@@ -272,25 +273,27 @@ def _block_rows(trainer: step_lib.Trainer, params: dict, batch: dict) -> list[di
   return rows
 
 
-def breakdown_rows(small: bool) -> list[dict]:
-  """Where the `train` part's AdamW step (base shape) spends its time: see the module docstring."""
-  cfg, rows_n, seq = _model(small)
+def breakdown_rows(small: bool, wide: bool = False) -> list[dict]:
+  """Where the `train` (or `train_wide`) part's AdamW step spends its time: see the module docstring."""
+  cfg, rows_n, seq = _model(small, wide)
   trainer, batch = _setup(cfg, rows_n, seq, 'adamw')
   box = []
   rows = [_train_step_row('breakdown/step', trainer, batch, box)]
   if not box:
     return rows
+  # The pieces need the parameters only: the optimizer state goes (the update below makes its own),
+  # which leaves them the memory the step had.
+  params = box.pop().params
   fwd = flops_lib.flops_per_token(cfg, seq)['forward'] * rows_n * seq
 
   def loss(params, batch):
     objective, aux = step_lib.loss_fn(params, batch, cfg)
     return objective + step_lib.router_loss(aux, cfg)
-  params = box[0].params
   rows.append(_piece('breakdown/forward', fwd, trainer, loss, params, batch))
   value_and_grad, cost = _compiled(trainer, jax.value_and_grad(loss))
   rows.append(_row('breakdown/value_and_grad', 3 * fwd, value_and_grad, params, batch, cost=cost))
   rows += _block_rows(trainer, params, batch)
-  if 'seconds' in rows[2]:  # Last: the update donates the state that holds params.
+  if 'seconds' in rows[2]:  # Last: on a fresh state (params, AdamW's moments), donated.
     def update(state, grads):
       updates, opt_state = trainer.tx.update(grads, state.opt_state, state.params)
       return step_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), ()
@@ -337,7 +340,8 @@ def decode_rows(small: bool) -> list[dict]:
 
 
 PARTS = {'moe': moe_rows, 'attention': attention_rows, 'train': train_rows, 'decode': decode_rows,
-         'train_wide': lambda small: train_rows(small, wide=True), 'breakdown': breakdown_rows}
+         'train_wide': lambda small: train_rows(small, wide=True), 'breakdown': breakdown_rows,
+         'breakdown_wide': lambda small: breakdown_rows(small, wide=True)}
 
 
 def main():

@@ -3,9 +3,9 @@
 # failing part leaves the others' results.
 #   OUT=/path/to/out bash experiments/benchmarks/gpu_suite.sh              # every part (~14 min)
 #   OUT=... PARTS="moe train attention decode" bash experiments/benchmarks/gpu_suite.sh
-#   OUT=... PARTS="breakdown train train_wide" bash experiments/benchmarks/gpu_suite.sh  # MFU, where time goes
-# Parts: moe train train_wide attention decode breakdown (experiments/benchmarks/gpu_kernels.py: kernels, MFU,
-# decode, the train step piece by piece),
+#   OUT=... PARTS="breakdown_wide train_wide train" bash experiments/benchmarks/gpu_suite.sh  # MFU, where time goes
+# Parts: moe train train_wide attention decode breakdown breakdown_wide (experiments/benchmarks/gpu_kernels.py:
+# kernels, MFU, decode, the train step piece by piece),
 # rl (one RL update of a 32k-token trajectory, rl_scale.py's gpu_update), muon (Newton-Schulz and the optimizer step, muon_gpu.py), aot (deviceless 8-GPU compilation,
 # gpu_aot.py), paths (moe_paths.py's float32 table). Needs jax, optax, numpy and tokamax with its
 # dependencies (carried as wheels on a machine without a registry: docs/benchmarks.md).
@@ -21,10 +21,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$PY" -c 'from research.model import kernels
 print("tokamax GPU kernels that compile here:", {op: kernels.gpu_kernels(op) for op in ("ragged_dot", "attention")})'
 
-declare -A LIMIT=([moe]=150 [train]=160 [train_wide]=130 [attention]=80 [decode]=50 [breakdown]=150)
+declare -A LIMIT=([moe]=150 [train]=160 [train_wide]=130 [attention]=80 [decode]=50 [breakdown]=150
+                  [breakdown_wide]=150)
 for part in $PARTS; do
   case "$part" in
-    moe|train|train_wide|attention|decode|breakdown)
+    moe|train|train_wide|attention|decode|breakdown|breakdown_wide)
       timeout "${LIMIT[$part]}" "$PY" -m experiments.benchmarks.gpu_kernels --part="$part" \
         --json="$OUT/gpu_$part.json" || echo "$part failed: $?";;
     rl)
