@@ -17,7 +17,7 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              compiled program: the whole step; the forward + loss; value_and_grad of the loss; the
              AdamW update alone (on real gradients); forward + backward of the first layer's
              attention block and MoE block, and of that MoE block's routing and its expert FFN (on
-             rows sorted by expert) alone; the final norm + LM head + log-softmax cross-entropy from
+             rows sorted by expert) alone; the final norm + LM head + cross-entropy (the step's) from
              a B x T x D hidden state. Each row: seconds, share (seconds / the whole step's; shares
              need not add up: XLA fuses across pieces in the step, and a block runs once per layer,
              `layers` of them), useful TFLOP/s where a FLOP count applies, and XLA's own count of
@@ -254,7 +254,7 @@ def _block_rows(trainer: step_lib.Trainer, params: dict, batch: dict) -> list[di
 
   def head(p, h, targets):
     logits = transformer.lm_head(p['lm_head']['kernel'], rms_norm(h, p['final_norm']['scale'], eps), cfg)
-    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+    return jnp.mean(step_lib.token_nll(logits, targets))
   train = lambda fn: jax.grad(_sq_loss(fn), (0, 1))
   attn_f, moe_f, head_f = (3 * n * f for f in _block_flops(cfg, seq=t))
   seg = batch['segment_ids']

@@ -44,15 +44,19 @@ def freeze_untrainable(tx: optax.GradientTransformation) -> optax.GradientTransf
 MODEL_AUX = ('load', 'aux_loss', 'z_loss', 'attn_max_logit', 'routes')
 
 
+def token_nll(logits_BxTxV, targets_BxT):
+  """-log softmax(logits)[target] per position: logsumexp less the target's logit, picked by a
+  one-hot product. Its gradient is elementwise, where take_along_axis's is a scatter into a zeroed
+  B x T x V buffer, and no log-softmax is kept."""
+  onehot_BxTxV = jax.nn.one_hot(targets_BxT, logits_BxTxV.shape[-1], dtype=logits_BxTxV.dtype)
+  return jax.nn.logsumexp(logits_BxTxV, axis=-1) - jnp.sum(logits_BxTxV * onehot_BxTxV, axis=-1)
+
+
 def loss_fn(params, batch, cfg: ModelConfig):
   """Mean next-token cross-entropy over loss_mask. Returns (loss, aux: the forward's and 'ce', 'tokens')."""
   logits_BxTxV, aux, _ = transformer.forward(params, batch['tokens'], cfg,
                                              segment_ids_BxT=batch['segment_ids'])
-  # logsumexp less the target's logit, picked by a one-hot product: its gradient is elementwise,
-  # where take_along_axis's is a scatter into a zeroed B x T x V buffer, and no log-softmax is kept.
-  onehot_BxTxV = jax.nn.one_hot(batch['targets'], logits_BxTxV.shape[-1], dtype=logits_BxTxV.dtype)
-  target_BxT = jnp.sum(logits_BxTxV * onehot_BxTxV, axis=-1)
-  nll_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1) - target_BxT
+  nll_BxT = token_nll(logits_BxTxV, batch['targets'])
   mask = batch['loss_mask'].astype(jnp.float32)
   ce = jnp.sum(nll_BxT * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   return ce, {'ce': ce, 'tokens': jnp.sum(batch['loss_mask']), **aux}
