@@ -78,6 +78,7 @@ def test_unknown_key_is_named_by_its_dotted_path(cls, module, key):
     (loop.ExperimentConfig, tiny_moe, 'data.source', 'parquet'),
     (loop.ExperimentConfig, tiny_moe, 'checkpoint.best_mode', 'lowest'),
     (loop.ExperimentConfig, tiny_moe, 'model.router', 'relu'),
+    (loop.ExperimentConfig, tiny_moe, 'train.profile_start', 10**6),  # Past the run's last step.
     (rl_loop.RLExperimentConfig, toolcalc_rl, 'sft.optimizer.name', 'lion'),
     (rl_loop.RLExperimentConfig, toolcalc_rl, 'loss.gate', 'sometimes'),
     (rl_loop.RLExperimentConfig, toolcalc_rl, 'teacher.kind', 'oracle'),

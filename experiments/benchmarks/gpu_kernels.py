@@ -9,7 +9,10 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
   attention  causal self-attention, GQA and MLA (value head 128 != query head 192), per
              `attention_impl`, forward and forward + backward.
   train      one full train step (AdamW, then Muon) of a tiny-MoE-family model as large as fits
-             one device: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak.
+             one device: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak;
+             then 3 more steps under the profiler: the device time of each model component
+             (attention, experts, dispatch, norm, optimizer, ...) by pass (forward, recomputed,
+             backward, outside the gradient), and the costliest ops (research/metrics/device_time.py).
   train_wide the same with fewer, wider layers (d_model 4096, experts of 2048).
   decode     greedy KV-cache decoding of that model's shape: new tokens per second.
   breakdown  where the `train` part's AdamW step (base shape; `breakdown_wide`: the `train_wide`
@@ -46,6 +49,7 @@ import numpy as np
 import optax
 
 from experiments.benchmarks.muon_gpu import timed
+from research.metrics import device_time
 from research.metrics import flops as flops_lib
 from research.model import attention, decode, kernels, moe, transformer
 from research.model.config import ModelConfig
@@ -59,7 +63,7 @@ BF16 = dict(dtype='bfloat16', param_dtype='bfloat16')
 
 def _row(name: str, useful_flops: float, fn, *args, cost=None, **extra) -> dict:
   """One measured row; a failure (a kernel that does not apply, memory) is recorded, not raised.
-  cost: a function giving more fields once fn has run (_compiled's XLA counts)."""
+  cost: a function giving more fields once fn has run (_Program.cost: XLA's counts)."""
   try:
     s = timed(fn, *args)
     row = dict(name=name, seconds=s, **extra, **(cost() if cost else {}))
@@ -163,35 +167,37 @@ def _setup(cfg: ModelConfig, rows_n: int, seq: int, opt: str) -> tuple[step_lib.
   return trainer, trainer.put_batch(batch)
 
 
-def _compiled(trainer: step_lib.Trainer, fn, donate: bool = False):
-  """(run, cost): fn jitted under the trainer's rules, compiled in its mesh on run's first call
-  (inside _row's error handling); cost() gives XLA's count of the compiled program's flops and
-  bytes accessed."""
-  box = []
+class _Program:
+  """fn jitted under the trainer's rules, compiled in its mesh on the first call (inside _row's
+  error handling)."""
 
-  def run(*args):
-    if not box:
-      with jax.set_mesh(trainer.mesh):
-        box.append(jax.jit(trainer.with_rules(fn), donate_argnums=(0,) if donate else ()).lower(*args).compile())
-    return box[0](*args)
+  def __init__(self, trainer: step_lib.Trainer, fn, donate: bool = False):
+    self.trainer, self.fn, self.donate, self.compiled = trainer, fn, donate, None
 
-  def cost():
-    counts = box[0].cost_analysis() or {}
+  def __call__(self, *args):
+    if self.compiled is None:
+      with jax.set_mesh(self.trainer.mesh):
+        self.compiled = jax.jit(self.trainer.with_rules(self.fn),
+                                donate_argnums=(0,) if self.donate else ()).lower(*args).compile()
+    return self.compiled(*args)
+
+  def cost(self) -> dict:
+    """XLA's count of the compiled program's flops and bytes accessed."""
+    counts = self.compiled.cost_analysis() or {}
     return dict(xla_flops=counts.get('flops'), xla_bytes=counts.get('bytes accessed'))
-  return run, cost
 
 
 def _threaded(trainer: step_lib.Trainer, fn, box: list):
-  """(run, cost) of fn(state, *args) -> (state, out), the state donated and carried in box
+  """(run, program) of fn(state, *args) -> (state, out), the state donated and carried in box
   (initialized by the trainer on the first, untimed, call)."""
-  compiled, cost = _compiled(trainer, fn, donate=True)
+  program = _Program(trainer, fn, donate=True)
 
   def run(*args):
     if not box:
       box.append(trainer.init(jax.random.key(0)))
-    box[0], out = compiled(box[0], *args)
+    box[0], out = program(box[0], *args)
     return box[0], out
-  return run, cost
+  return run, program
 
 
 def _train_step_row(name: str, trainer: step_lib.Trainer, batch: dict, box: list) -> dict:
@@ -199,13 +205,24 @@ def _train_step_row(name: str, trainer: step_lib.Trainer, batch: dict, box: list
   cfg = trainer.cfg
   rows_n, seq = batch['tokens'].shape
   per_step = flops_lib.flops_per_token(cfg, seq)['train'] * rows_n * seq
-  run, cost = _threaded(trainer, functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx), box)
-  row = _row(name, per_step, run, batch, jax.random.key(1), cost=cost, tokens=rows_n * seq,
+  run, program = _threaded(trainer, functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx), box)
+  row = _row(name, per_step, run, batch, jax.random.key(1), cost=program.cost, tokens=rows_n * seq,
              params=_param_count(cfg), attention=attention.resolve_impl(cfg.attention_impl),
              experts=moe.resolve_impl(cfg.moe_impl))
   if 'seconds' in row:
     row['mfu'] = per_step / row['seconds'] / (flops_lib.peak_flops() or float('nan'))
+    row['profile'] = _profile(program, lambda: jax.block_until_ready(run(batch, jax.random.key(1))))
   return row
+
+
+def _profile(program: _Program, step) -> dict:
+  """Where a timed step's device time goes (research/metrics/device_time.py); printed as a table."""
+  try:
+    prof = device_time.profile(step, program.compiled.as_text(), steps=3)
+  except Exception as e:  # pylint: disable=broad-except
+    return dict(error=f'{type(e).__name__}: {str(e)[:300]}')
+  print(prof.table(), flush=True)
+  return dataclasses.asdict(prof)
 
 
 def train_rows(small: bool, wide: bool = False) -> list[dict]:
@@ -221,8 +238,8 @@ def train_rows(small: bool, wide: bool = False) -> list[dict]:
 
 
 def _piece(name: str, useful_flops: float, trainer: step_lib.Trainer, fn, *args, **extra) -> dict:
-  run, cost = _compiled(trainer, fn)
-  return _row(name, useful_flops, run, *args, cost=cost, **extra)
+  program = _Program(trainer, fn)
+  return _row(name, useful_flops, program, *args, cost=program.cost, **extra)
 
 
 def _block_flops(cfg: ModelConfig, seq: int) -> tuple[float, float, float]:
@@ -290,15 +307,15 @@ def breakdown_rows(small: bool, wide: bool = False) -> list[dict]:
     objective, aux = step_lib.loss_fn(params, batch, cfg)
     return objective + step_lib.router_loss(aux, cfg)
   rows.append(_piece('breakdown/forward', fwd, trainer, loss, params, batch))
-  value_and_grad, cost = _compiled(trainer, jax.value_and_grad(loss))
-  rows.append(_row('breakdown/value_and_grad', 3 * fwd, value_and_grad, params, batch, cost=cost))
+  value_and_grad = _Program(trainer, jax.value_and_grad(loss))
+  rows.append(_row('breakdown/value_and_grad', 3 * fwd, value_and_grad, params, batch, cost=value_and_grad.cost))
   rows += _block_rows(trainer, params, batch)
   if 'seconds' in rows[2]:  # Last: on a fresh state (params, AdamW's moments), donated.
     def update(state, grads):
       updates, opt_state = trainer.tx.update(grads, state.opt_state, state.params)
       return step_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), ()
-    run, cost = _threaded(trainer, update, box)
-    rows.append(_row('breakdown/optimizer_update', 0.0, run, value_and_grad(params, batch)[1], cost=cost))
+    run, program = _threaded(trainer, update, box)
+    rows.append(_row('breakdown/optimizer_update', 0.0, run, value_and_grad(params, batch)[1], cost=program.cost))
   whole = rows[0].get('seconds')
   for row in rows:
     if whole and 'seconds' in row:

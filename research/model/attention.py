@@ -203,6 +203,7 @@ def _rope(x, pos_BxT, cfg: ModelConfig):
                      cfg.rope_yarn_attention_factor)
 
 
+@functools.partial(jax.named_call, name='attention')
 def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache=None, write_at_B=None):
   """Returns (out_BxTxD, new_cache or None, max_logit_H)."""
   dt = x_BxTxD.dtype

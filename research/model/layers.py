@@ -75,9 +75,10 @@ take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   """RMSNorm in float32 over the last axis. Its backward recomputes from x (elementwise) rather than
   keep two float32 copies of it (x and the normalized x: 4x a bf16 x's bytes)."""
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+  with jax.named_scope('norm'):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
 def yarn_frequencies(r: int, theta: float, factor: float, original_len: int, beta_fast: float,
@@ -124,6 +125,7 @@ def swiglu_specs(d: int, f: int, embed_axis: str = 'embed', mlp_axis: str = 'mlp
   }
 
 
+@functools.partial(jax.named_call, name='mlp')
 def swiglu(p: dict, x: jax.Array) -> jax.Array:
   h = jax.nn.silu(x @ p['wi_gate'].astype(x.dtype)) * (x @ p['wi_up'].astype(x.dtype))
   return h @ p['wo'].astype(x.dtype)

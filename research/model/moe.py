@@ -53,6 +53,7 @@ def _router_logits(x_NxD, router_DxE):
   return x_NxD.astype(jnp.float32) @ router_DxE.astype(jnp.float32)
 
 
+@functools.partial(jax.named_call, name='router')
 def route(p: dict, x_NxD, valid_N, cfg: ModelConfig, experts_NxK=None):
   """Top-k routing in float32. Returns (weights_NxK, experts_NxK, stats).
 
@@ -108,6 +109,7 @@ def update_router_bias(bias_E, load_E, rate: float):
 # Expert FFN paths. Weights: wi_gate, wi_up (E, D, F), wo (E, F, D).
 
 
+@functools.partial(jax.named_call, name='experts')
 def experts_dense(p, x_NxD, weights_NxK, experts_NxK):
   """Reference: every expert on every token."""
   dt = x_NxD.dtype
@@ -182,6 +184,7 @@ def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int, scale_M):
   return jnp.where(real_M[:, None], yb.at[dest_M].get(mode='fill', fill_value=0), 0)
 
 
+@functools.partial(jax.named_call, name='experts')
 def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0, scale_M=None):
   """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored); row m's
   hidden units (so its output) scaled by scale_M[m] if given."""
@@ -199,7 +202,8 @@ def dispatched_ffn(p, src_SxD, repeats: int, perm_M, inverse_M, group_sizes_E, i
   inverse permutation), under the checkpoint that keeps `_FFN_SAVED` only."""
   @functools.partial(jax.checkpoint, policy=_FFN_SAVED)
   def run(p, src_SxD, scale_M):
-    xs_MxD = permute_rows(jnp.repeat(src_SxD, repeats, axis=0), perm_M, inverse_M)
+    with jax.named_scope('dispatch'):
+      xs_MxD = permute_rows(jnp.repeat(src_SxD, repeats, axis=0), perm_M, inverse_M)
     return grouped_ffn(p, xs_MxD, group_sizes_E, impl, block, scale_M)
   return run(p, src_SxD, scale_M)
 
@@ -211,6 +215,7 @@ def dispatched_ffn(p, src_SxD, repeats: int, perm_M, inverse_M, group_sizes_E, i
 # transpose adds the copies back).
 
 
+@functools.partial(jax.named_call, name='dispatch')
 def sort_order(ids_M):
   """(order, inverse): ids_M[order] ascending (stable), order[inverse] = arange."""
   order = jnp.argsort(ids_M, stable=True)
@@ -237,6 +242,7 @@ def _permute_bwd(res, g_MxD):
 permute_rows.defvjp(_permute_fwd, _permute_bwd)
 
 
+@functools.partial(jax.named_call, name='combine')
 def _combine(ys_MxD, order, inverse, n: int, k: int):
   """Token n's output: the sum of its k (already weighted) copies, rows ys_MxD in expert order."""
   y_NxKxD = permute_rows(ys_MxD, inverse, order).reshape(n, k, -1)
@@ -250,7 +256,8 @@ def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0
   flat_e = experts_NxK.reshape(-1)
   order, inverse = sort_order(flat_e)
   group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
-  scale_M = permute_rows(weights_NxK.reshape(-1), order, inverse)
+  with jax.named_scope('dispatch'):
+    scale_M = permute_rows(weights_NxK.reshape(-1), order, inverse)
   ys = dispatched_ffn(p, x_NxD, k, order, inverse, group_sizes, impl, block, scale_M)
   return _combine(ys, order, inverse, n, k)
 
@@ -351,10 +358,13 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     sizes_PxP = jnp.sum(counts_PxPxL, axis=-1)
     send_start_PxP = jnp.cumsum(sizes_PxP, axis=1) - sizes_PxP  # In the sender's sorted rows.
     recv_start_PxP = jnp.cumsum(sizes_PxP, axis=0) - sizes_PxP  # In the receiver's buffer.
-    exchange = lambda a_C: transport(a_C, jnp.zeros((ep * c, *a_C.shape[1:]), a_C.dtype), send_start_PxP[me],
-                                     sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
-    recv_x = exchange(permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse))
-    recv_w = exchange(permute_rows(weights_NxK.reshape(-1), order, inverse))  # Applied where computed.
+    transport_ = jax.named_call(transport, name='exchange')
+    exchange = lambda a_C: transport_(a_C, jnp.zeros((ep * c, *a_C.shape[1:]), a_C.dtype), send_start_PxP[me],
+                                      sizes_PxP[me], recv_start_PxP[me], sizes_PxP[:, me], axis_name=ep_axis)
+    with jax.named_scope('dispatch'):
+      sent_x = permute_rows(jnp.repeat(x_NxD, k, axis=0), order, inverse)
+      sent_w = permute_rows(weights_NxK.reshape(-1), order, inverse)
+    recv_x, recv_w = exchange(sent_x), exchange(sent_w)  # The weights are applied where computed.
     # Received rows: by sender, then by local expert; the rest is padding (id e_local).
     recv_PxL = counts_PxPxL[:, me]
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
@@ -370,8 +380,8 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
       y = permute_rows(ys, r_inverse, r_order)
     if f_names:
       y = jax.lax.psum(y, _collective_axes(f_names))
-    back = transport(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],
-                     send_start_PxP[:, me], sizes_PxP[me], axis_name=ep_axis)
+    back = transport_(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],
+                      send_start_PxP[:, me], sizes_PxP[me], axis_name=ep_axis)
     return _combine(back, order, inverse, n, k)
 
   return jax.shard_map(body, mesh=mesh, in_specs=(wspec, tok, tok, tok), out_specs=tok,

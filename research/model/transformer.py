@@ -134,7 +134,8 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
     write_at, kv_valid, pos, mask = _cache_step(cache, valid, positions_BxT)
   # FSDP: gather the table (cast: half float32's bytes), then look up (XLA cannot reshard a
   # D-sharded lookup to batch-sharded).
-  x = take_rows(params['embed']['embedding'], tokens_BxT, dt, (None, None))
+  with jax.named_scope('embed'):
+    x = take_rows(params['embed']['embedding'], tokens_BxT, dt, (None, None))
   x = constrain(x, ('act_batch', 'act_seq', 'act_embed'))
   carry = (x, pos, mask, valid, write_at)
   aux, new_cache = {}, {} if cache is not None else None
@@ -157,6 +158,7 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   return logits, aux, new_cache
 
 
+@functools.partial(jax.named_call, name='lm_head')
 def lm_head(kernel_DxV, x_BxTxD, cfg: ModelConfig):
   """Unembedding: float32 logits B x T x V."""
   logits = jnp.einsum('btd,dv->btv', x_BxTxD, kernel_DxV.astype(cfg.dtype), preferred_element_type=jnp.float32)

@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from research import configs
 from research.checkpoint import manager as ckpt_lib
 from research.data import pipeline
+from research.metrics import device_time
 from research.metrics import flops as flops_lib
 from research.metrics.writer import MetricsWriter
 from research.model import config as model_config
@@ -45,13 +46,20 @@ class TrainConfig:
   eval_every: int = 50              # Steps between evals on the held-out split; 0 disables.
   eval_steps: int = 4               # Batches per eval.
   peak_tflops: float = 0.0          # Per-device peak for MFU; 0 looks it up (unknown on CPU: no MFU).
+  profile_start: int = 0            # First step traced by the profiler (WORKDIR/tensorboard/plugins/profile)
+                                    # and attributed to model components (WORKDIR/device_time.json); 0: none.
+  profile_steps: int = 3            # Steps traced from profile_start.
 
   def validate(self, path: str = 'train.') -> 'TrainConfig':
-    for f in ('steps', 'log_every', 'eval_steps'):
+    for f in ('steps', 'log_every', 'eval_steps', 'profile_steps'):
       if getattr(self, f) < 1:
         raise configs.invalid(path + f, getattr(self, f), 'must be positive')
     if self.eval_every < 0:
       raise configs.invalid(path + 'eval_every', self.eval_every, 'must be >= 0 (0 disables eval)')
+    if not 0 <= self.profile_start <= self.steps - self.profile_steps + 1:
+      raise configs.invalid(path + 'profile_start', self.profile_start,
+                            f'must be 0 (no profile) or leave its {self.profile_steps} steps within '
+                            f'{self.steps} steps')
     return self
 
 
@@ -252,6 +260,39 @@ class _Interval:
     return {'pending': [{k: float(v) for k, v in m.items()} for m in jax.device_get(self.pending)]}
 
 
+class _Profiler:
+  """Traces steps [start, start + steps) with jax.profiler into log_dir, then writes where their
+  device time went (research/metrics/device_time.py) to out_json and prints it."""
+
+  def __init__(self, tc: TrainConfig, log_dir: str, out_json: str):
+    self.start, self.steps, self.log_dir, self.out_json = tc.profile_start, tc.profile_steps, log_dir, out_json
+    self.t0 = None
+
+  def before(self, step: int, state: TrainState):
+    if step == self.start:
+      jax.block_until_ready(state)  # Earlier steps' work stays out of the trace.
+      jax.profiler.start_trace(self.log_dir)
+      self.t0 = time.perf_counter()
+
+  def after(self, step: int, state: TrainState, lower_step):
+    """lower_step() -> the step's jax Lowered (its compile() is the cached executable)."""
+    if self.t0 is None or step != self.start + self.steps - 1:
+      return
+    jax.block_until_ready(state)
+    wall = time.perf_counter() - self.t0
+    self.stop()
+    prof = device_time.read(self.log_dir, lower_step().compile().as_text(), self.steps, wall)
+    if jax.process_index() == 0:
+      with open(self.out_json, 'w') as f:
+        json.dump({'first_step': self.start, **dataclasses.asdict(prof)}, f, indent=1)
+      print(f'device time per step, steps {self.start}-{step} ({self.out_json}):\n{prof.table()}', flush=True)
+
+  def stop(self):
+    if self.t0 is not None:
+      jax.profiler.stop_trace()
+      self.t0 = None
+
+
 def _eval_row(config: ExperimentConfig, evaluate, params, eval_docs, rows, put) -> dict[str, float]:
   d = config.data
   eval_data = pipeline.Pipeline(eval_docs, batch_size=d.batch_size, seq_len=d.seq_len, shards=d.shards,
@@ -278,9 +319,13 @@ def train(config: ExperimentConfig, workdir: str) -> list[dict]:
   writer = MetricsWriter(workdir, total_steps=steps, initial_step=start.step)
   writer.truncate(start.step)  # Rows after the checkpoint are logged again, identically.
   step_fn, evaluate, history = trainer.step_fn(), eval_fn(trainer), []
+  profiler = _Profiler(tc, os.path.join(workdir, 'tensorboard'), os.path.join(workdir, 'device_time.json'))
   with _Preemption() as preemption:
     for step in range(start.step + 1, steps + 1):
-      state, metrics = step_fn(state, put(next(data)), jax.random.fold_in(rng, step))
+      batch_in, key = put(next(data)), jax.random.fold_in(rng, step)
+      profiler.before(step, state)
+      state, metrics = step_fn(state, batch_in, key)
+      profiler.after(step, state, lambda: step_fn.lower(state, batch_in, key))
       interval.pending.append(metrics)
       row = interval.row() if step % tc.log_every == 0 or step == steps else {}
       if tc.eval_every and step % tc.eval_every == 0:
@@ -298,6 +343,7 @@ def train(config: ExperimentConfig, workdir: str) -> list[dict]:
         print(f'SIGTERM: saved a checkpoint at step {step} in {ckpt.directory}; '
               'run the same command to resume', flush=True)
         break
+  profiler.stop()  # A run stopped inside the profiled steps.
   ckpt.close()
   writer.close()
   return history

@@ -44,6 +44,7 @@ def freeze_untrainable(tx: optax.GradientTransformation) -> optax.GradientTransf
 MODEL_AUX = ('load', 'aux_loss', 'z_loss', 'attn_max_logit', 'routes')
 
 
+@functools.partial(jax.named_call, name='loss')
 def token_nll(logits_BxTxV, targets_BxT):
   """-log softmax(logits)[target] per position: logsumexp less the target's logit, picked by a
   one-hot product. Its gradient is elementwise, where take_along_axis's is a scatter into a zeroed
@@ -96,8 +97,9 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConf
     return objective + router_loss(aux, cfg), aux
 
   (value, aux), grads = jax.value_and_grad(total, has_aux=True)(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  with jax.named_scope('optimizer'):
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
   if qk_clip_tau:
     params = apply_qk_clip(params, aux['attn_max_logit'], cfg, qk_clip_tau)
   metrics = {'loss': value, 'grad_norm': optax.tree.norm(grads),
@@ -113,6 +115,22 @@ def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConf
   if qk_clip_tau:  # Otherwise left out: a flash kernel does not give it, and XLA drops its extra pass.
     metrics['attn_max_logit'] = jnp.max(aux['attn_max_logit'])
   return TrainState(state.step + 1, params, opt_state), metrics
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MeshJit:
+  """A jitted function whose calls, and lowerings (for its compiled program: `lower(...).compile()`,
+  the executable the calls use), run inside `mesh`."""
+  jitted: Callable
+  mesh: Mesh
+
+  def __call__(self, *args, **kwargs):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args, **kwargs)
 
 
 @dataclasses.dataclass(eq=False)  # Hashable by identity: samplers cache their programs per trainer.
@@ -143,14 +161,9 @@ class Trainer:
         return fn(*args, **kwargs)
     return traced
 
-  def jit(self, fn: Callable, **jit_kwargs) -> Callable:
+  def jit(self, fn: Callable, **jit_kwargs) -> 'MeshJit':
     """jax.jit of fn traced under this trainer's rules; calls run inside its mesh."""
-    jitted = jax.jit(self.with_rules(fn), **jit_kwargs)
-
-    def run(*args, **kwargs):
-      with jax.set_mesh(self.mesh):
-        return jitted(*args, **kwargs)
-    return run
+    return MeshJit(jax.jit(self.with_rules(fn), **jit_kwargs), self.mesh)
 
   def init(self, rng: jax.Array) -> TrainState:
     with jax.set_mesh(self.mesh):
