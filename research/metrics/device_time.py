@@ -10,9 +10,9 @@ program keeps as metadata): the model marks them with `jax.named_scope` / `jax.n
 
 Which events: on a GPU, the kernels on each `/device:` plane, named by the `hlo_op=` of the XLA
 annotation they were launched under; on the CPU backend (no device plane), the host threads' XLA op
-events (`hlo_op` stat). Nested events on a line (a while loop around its body's ops on the CPU)
-count their self time only, so nothing is counted twice. Events of other programs (by
-`hlo_module`) are left out.
+events (`hlo_op` stat). Lines derived from those (`XLA Ops`, `Steps`, ...) are skipped, and nested
+events on a line (a while loop around its body's ops on the CPU) count their self time only, so
+nothing is counted twice. Events of other programs (by `hlo_module`) are left out.
 """
 
 import collections
@@ -28,17 +28,19 @@ from typing import Any
 import jax
 from jax.profiler import ProfileData
 
+from research.optim import hlo_stats
+
 # The scopes the model and train step set, innermost wins: 'norm' inside 'attention' is the norm.
 COMPONENTS = ('embed', 'attention', 'norm', 'router', 'dispatch', 'exchange', 'experts', 'combine',
               'mlp', 'lm_head', 'loss', 'optimizer')
 # 'outside': ops not under differentiation (the optimizer, metrics; all of a program with no gradient).
 PASSES = ('forward', 'recompute', 'backward', 'outside')
+# Lines the profiler's converters derive from the kernels (the same time again), if a trace has them.
+_DERIVED = frozenset({'XLA Ops', 'XLA Modules', 'Steps', 'Framework Ops', 'Framework Name Scope',
+                      'Source code', 'XLA TraceMe'})
 _OP = re.compile(r'hlo_op=([^,#]+)')
 _MODULE = re.compile(r'hlo_module=([^,#]+)')
-_COMPUTATION = re.compile(r'^(?:ENTRY )?%([\w.\-]+) \(')
-_INSTR = re.compile(r'^\s+(?:ROOT )?%([\w.\-]+) = ')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-_CALLS = re.compile(r'calls=%([\w.\-]+)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,8 @@ def op_events(data: ProfileData) -> Trace:
   out, lines, unnamed = [], {}, []
   for plane in planes:
     for line in plane.lines:
+      if line.name in _DERIVED:
+        continue
       raw = [(ev.start_ns, ev.duration_ns, dict(ev.stats), ev.name) for ev in line.events]
       lines[f'{plane.name} | {line.name}'] = len(raw)
       for start, seconds, stats, name in _self_times(raw):
@@ -111,25 +115,18 @@ def op_names(hlo_text: str) -> dict[str, str]:
   """Each instruction of a compiled program's text to the op_name in its metadata. A fusion without
   one (XLA often leaves it off) takes the op_name of its fused computation's commonest component
   (XLA's own annotation takes their common prefix, which names none inside a loop)."""
-  names, calls, by_comp, comp = {}, {}, collections.defaultdict(list), None
-  for line in hlo_text.splitlines():
-    head = _COMPUTATION.match(line)
-    if head:
-      comp = head.group(1)
-      continue
-    instr = _INSTR.match(line)
-    if not instr:
-      continue
-    op_name, called = _OP_NAME.search(line), _CALLS.search(line)
-    if op_name:
-      names[instr.group(1)] = op_name.group(1)
-      by_comp[comp].append(op_name.group(1))
-    elif called:
-      calls[instr.group(1)] = called.group(1)
-  for instr, called in calls.items():
-    if by_comp[called]:
-      votes = collections.Counter(classify(n) for n in by_comp[called])
-      names[instr] = next(n for n in by_comp[called] if classify(n) == votes.most_common(1)[0][0])
+  comps = hlo_stats.computations(hlo_text)
+  named = {c: [m[1] for ins in instrs if (m := _OP_NAME.search(ins.line))] for c, instrs in comps.items()}
+  names = {}
+  for instrs in comps.values():
+    for ins in instrs:
+      own = _OP_NAME.search(ins.line)
+      called = [n for c in ins.operands if c in named for n in named[c]]
+      if own:
+        names[ins.name] = own[1]
+      elif called:
+        votes = collections.Counter(map(classify, called))
+        names[ins.name] = next(n for n in called if classify(n) == votes.most_common(1)[0][0])
   return names
 
 

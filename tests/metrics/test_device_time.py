@@ -74,7 +74,8 @@ def _kernel(start_ps: int, dur_ps: int, annotation: str) -> str:
 def test_gpu_trace_attributed_by_the_kernels_annotations():
   # A GPU trace as XLA's profiler writes it: kernels on stream lines of a /device: plane, each with
   # the annotation stack it was launched under. Another program's kernel is left out; a kernel
-  # with no HLO op is reported as unnamed; host events are ignored when a device plane has kernels.
+  # with no HLO op is reported as unnamed; host events are ignored when a device plane has kernels,
+  # and so is a line derived from the kernels ('XLA Ops': the same time again).
   mod = 'XlaModule:#hlo_module=jit_traced,program_id=1#'
   stream1 = [_kernel(0, 4_000_000, f'{mod}::Thunk:#hlo_op=while.1#::Thunk:#name=experts/mul,hlo_op=fusion.1#'),
              _kernel(5_000_000, 6_000_000, f'{mod}::Thunk:#name=attention/dot,hlo_op=custom-call.3#'),
@@ -85,6 +86,7 @@ def test_gpu_trace_attributed_by_the_kernels_annotations():
   text = f'''
   planes {{ id: 1 name: "/device:GPU:0"
     {line(1, "Stream #13(Compute)", stream1)} {line(2, "Stream #14(Compute)", stream2)}
+    {line(3, "XLA Ops", stream1)}
     event_metadata {{ key: 1 value {{ id: 1 name: "kernel" }} }}
     stat_metadata {{ key: 1 value {{ id: 1 name: "annotation" }} }} }}
   planes {{ id: 2 name: "/host:CPU"
