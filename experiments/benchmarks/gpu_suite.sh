@@ -16,7 +16,8 @@ PY="${PYTHON:-python3}"
 PARTS="${PARTS:-moe train train_wide attention decode breakdown rl muon aot paths}"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 mkdir -p "$OUT"
-exec > >(tee "$OUT/suite.log") 2>&1  # Every part's rows and tables, also those of a part killed by its limit.
+
+run_parts() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 "$PY" -c 'import jax; print("jax", jax.__version__, jax.devices())'
 "$PY" -c 'from research.model import kernels
@@ -44,3 +45,7 @@ for part in $PARTS; do
     *) echo "unknown part $part";;
   esac
 done
+}
+
+# The whole log also in $OUT: every part's rows and tables, those of a part killed by its limit too.
+run_parts 2>&1 | tee "$OUT/suite.log"
