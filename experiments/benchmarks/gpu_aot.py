@@ -22,7 +22,7 @@ runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolki
           kernel calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA
           fallback). Its Mosaic GPU kernels ask the device for its compute capability, so they
           cannot be built without one.
-  train   (only with --train_step=base:ROWS or wide:ROWS; a minute on 2 cores) gpu_kernels' `train`
+  train   (only with --train_step=base:ROWS or wide:ROWS[xMICRO]; a minute on 2 cores) gpu_kernels' `train`
           step of that shape with AdamW on one GPU, the state donated: its memory_analysis() says
           whether ROWS x 4,096 tokens fit a device before a GPU run tries (`peak_bytes`).
 Every program's `scatters` lists the scatter ops XLA kept (dtype[shape]): one over D-wide rows of
@@ -142,16 +142,19 @@ def kernel_programs(devices):
   kernels.KERNEL_ORDER = None
 
 
-def train_shape(text: str) -> tuple[str, int]:
-  """--train_step's value: 'base:ROWS' or 'wide:ROWS' -> (kind, rows)."""
-  kind, _, rows = text.partition(':')
-  if kind not in ('base', 'wide') or not rows.isdigit() or int(rows) < 1:
-    raise argparse.ArgumentTypeError(f'{text!r}: expected base:ROWS or wide:ROWS, ROWS a positive integer')
-  return kind, int(rows)
+def train_shape(text: str) -> tuple[str, int, int]:
+  """--train_step's value: 'base:ROWS' or 'wide:ROWS', optionally 'xMICROBATCHES' after ROWS ->
+  (kind, rows, microbatches)."""
+  m = re.fullmatch(r'(base|wide):(\d+)(?:x(\d+))?', text)
+  if not m or int(m[2]) < 1 or int(m[3] or 1) < 1:
+    raise argparse.ArgumentTypeError(f'{text!r}: expected base:ROWS or wide:ROWS (then optionally xMICROBATCHES), '
+                                     'positive integers')
+  return m[1], int(m[2]), int(m[3] or 1)
 
 
-def train_program(devices, kind: str, rows: int):
-  """(name, compiled): gpu_kernels' AdamW train step of shape `kind` ('base' or 'wide') on rows x seq."""
+def train_program(devices, kind: str, rows: int, microbatches: int = 1):
+  """(name, compiled): gpu_kernels' AdamW train step of shape `kind` ('base' or 'wide') on rows x seq,
+  times microbatches accumulated per update."""
   import tokamax  # pylint: disable=g-import-not-at-top
   cfg, _, seq = gpu_kernels._model(False, wide=kind == 'wide')  # pylint: disable=protected-access
   cfg = dataclasses.replace(cfg, moe_impl='tokamax', attention_impl='tokamax')
@@ -162,17 +165,17 @@ def train_program(devices, kind: str, rows: int):
     params = transformer.init(cfg, jax.random.key(0))
     return step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   state, key = jax.eval_shape(init), jax.eval_shape(lambda: jax.random.key(0))
-  batch = {k: jax.ShapeDtypeStruct((rows, seq), jnp.float32 if k == 'loss_mask' else jnp.int32)
+  batch = {k: jax.ShapeDtypeStruct((rows * microbatches, seq), jnp.float32 if k == 'loss_mask' else jnp.int32)
            for k in ('tokens', 'targets', 'segment_ids', 'loss_mask')}
   one = jax.sharding.SingleDeviceSharding(devices[0])
   on_one = lambda tree: jax.tree.map(lambda _: one, tree)
-  step = functools.partial(step_lib.train_step, cfg=cfg, tx=tx)
+  step = functools.partial(step_lib.train_step, cfg=cfg, tx=tx, microbatches=microbatches)
   kernels.KERNEL_ORDER = ('triton',)
   with tokamax.config.cross_compile(True), jax.set_mesh(mesh), sharding_lib.use_rules(sharding_lib.RULES):
     compiled = jax.jit(step, in_shardings=(on_one(state), on_one(batch), one),
                        out_shardings=(on_one(state), one), donate_argnums=0).lower(state, batch, key).compile()
   kernels.KERNEL_ORDER = None
-  return f'train_step_{kind}_{rows}x{seq}', compiled
+  return f'train_step_{kind}_{rows}x{seq}' + f'_x{microbatches}' * (microbatches > 1), compiled
 
 
 def main():

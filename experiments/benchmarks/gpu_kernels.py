@@ -13,7 +13,8 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              then 3 more steps under the profiler: the device time of each model component
              (attention, experts, dispatch, norm, optimizer, ...) by pass (forward, recomputed,
              backward, outside the gradient), and the costliest ops (research/metrics/device_time.py).
-  train_wide the same with fewer, wider layers (d_model 4096, experts of 2048).
+  train_wide the same with fewer, wider layers (d_model 4096, experts of 2048), and AdamW over 4
+             accumulated microbatches per update.
   decode     greedy KV-cache decoding of that model's shape: new tokens per second.
   breakdown  where the `train` part's AdamW step (base shape; `breakdown_wide`: the `train_wide`
              part's) spends its time, each piece its own
@@ -157,13 +158,17 @@ def _param_count(cfg: ModelConfig) -> int:
   return sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))))
 
 
-def _setup(cfg: ModelConfig, rows_n: int, seq: int, opt: str) -> tuple[step_lib.Trainer, dict]:
-  """A one-device trainer and a batch of random tokens on it."""
+def _setup(cfg: ModelConfig, rows_n: int, seq: int, opt: str,
+           microbatches: int = 1) -> tuple[step_lib.Trainer, dict]:
+  """A one-device trainer and a batch of random tokens on it: rows_n x microbatches rows, run as
+  `microbatches` microbatches of rows_n rows per step."""
+  rows_n *= microbatches
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows_n, seq + 1), dtype=np.int32)
   batch = dict(tokens=tokens[:, :-1], targets=tokens[:, 1:], segment_ids=np.ones((rows_n, seq), np.int32),
                loss_mask=np.ones((rows_n, seq), np.float32))
   mesh = mesh_lib.make_mesh('data:1')
-  trainer = step_lib.Trainer(cfg, optim.make_optimizer(optim.OptimizerConfig(name=opt), 100, cfg, mesh), mesh)
+  trainer = step_lib.Trainer(cfg, optim.make_optimizer(optim.OptimizerConfig(name=opt), 100, cfg, mesh), mesh,
+                             microbatches=microbatches)
   return trainer, trainer.put_batch(batch)
 
 
@@ -205,8 +210,10 @@ def _train_step_row(name: str, trainer: step_lib.Trainer, batch: dict, box: list
   cfg = trainer.cfg
   rows_n, seq = batch['tokens'].shape
   per_step = flops_lib.flops_per_token(cfg, seq)['train'] * rows_n * seq
-  run, program = _threaded(trainer, functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx), box)
+  run, program = _threaded(trainer, functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx,
+                                                      microbatches=trainer.microbatches), box)
   row = _row(name, per_step, run, batch, jax.random.key(1), cost=program.cost, tokens=rows_n * seq,
+             microbatches=trainer.microbatches,
              params=_param_count(cfg), attention=attention.resolve_impl(cfg.attention_impl),
              experts=moe.resolve_impl(cfg.moe_impl))
   if 'seconds' in row:
@@ -226,12 +233,18 @@ def _profile(program: _Program, step) -> dict:
 
 
 def train_rows(small: bool, wide: bool = False) -> list[dict]:
-  """AdamW then Muon; a step that does not fit is retried once on half the rows."""
+  """AdamW then Muon, and (wide) AdamW accumulating 4 microbatches per update (the optimizer's pass
+  over the parameters amortized over 4x the tokens); a step that does not fit is retried once on
+  half the rows."""
   cfg, rows_n, seq = _model(small, wide)
+  # (optimizer, microbatches, rows in each): the float32 gradient accumulator (4 bytes a parameter)
+  # leaves room for 2/3 of the rows (gpu_aot for an H200: wide:4x4 127.94 GiB, wide:6x4 137.19).
+  runs = [('adamw', 1, rows_n), ('muon', 1, rows_n)] + [('adamw', 4, rows_n * 2 // 3)] * wide
   out = []
-  for opt in ('adamw', 'muon'):
+  for opt, micro, rows_n in runs:
     for rows in (rows_n, rows_n // 2):
-      out.append(_train_step_row(f'train_step/{"wide/" * wide}{opt}', *_setup(cfg, rows, seq, opt), []))
+      name = f'train_step/{"wide/" * wide}{opt}' + f'/x{micro}' * (micro > 1)
+      out.append(_train_step_row(name, *_setup(cfg, rows, seq, opt, micro), []))
       if 'seconds' in out[-1]:
         break
   return out

@@ -46,12 +46,14 @@ class TrainConfig:
   eval_every: int = 50              # Steps between evals on the held-out split; 0 disables.
   eval_steps: int = 4               # Batches per eval.
   peak_tflops: float = 0.0          # Per-device peak for MFU; 0 looks it up (unknown on CPU: no MFU).
+  microbatches: int = 1             # Gradient accumulation: data.batch_size rows run as this many
+                                    # sequential microbatches per optimizer step (activations / this).
   profile_start: int = 0            # First step traced by the profiler (WORKDIR/tensorboard/plugins/profile)
                                     # and attributed to model components (WORKDIR/device_time.json); 0: none.
   profile_steps: int = 3            # Steps traced from profile_start.
 
   def validate(self, path: str = 'train.') -> 'TrainConfig':
-    for f in ('steps', 'log_every', 'eval_steps', 'profile_steps'):
+    for f in ('steps', 'log_every', 'eval_steps', 'microbatches', 'profile_steps'):
       if getattr(self, f) < 1:
         raise configs.invalid(path + f, getattr(self, f), 'must be positive')
     if self.eval_every < 0:
@@ -93,11 +95,13 @@ class ExperimentConfig:
 
 
 def check_divisible(cfg: model_config.ModelConfig, mesh_shape: dict[str, int], batch_size: int,
-                    rules: sharding.Rules = sharding.RULES):
+                    rules: sharding.Rules = sharding.RULES, microbatches: int = 1):
   """Fails at start, naming the field and the mesh axes its logical axis's rule lays it out on,
   when a size does not divide them."""
+  if batch_size % microbatches:
+    raise ValueError(f'data.batch_size={batch_size} is not divisible by train.microbatches={microbatches}')
   checks = [
-      ('data.batch_size', batch_size, 'act_batch'),
+      ('data.batch_size' + ' / train.microbatches' * (microbatches > 1), batch_size // microbatches, 'act_batch'),
       ('model.num_experts', cfg.num_experts, 'experts'),
       ('model.d_model', cfg.d_model, 'embed'),
       ('model.num_heads', cfg.num_heads, 'heads'),
@@ -117,7 +121,7 @@ def setup(config: ExperimentConfig):
   """Validated (model config, mesh) from an experiment config (or its ConfigDict)."""
   config = configs.from_dict(ExperimentConfig, config)
   shape = mesh_lib.parse_mesh_spec(config.mesh)
-  check_divisible(config.model, shape, config.data.batch_size)
+  check_divisible(config.model, shape, config.data.batch_size, microbatches=config.train.microbatches)
   return config.model, mesh_lib.make_mesh(shape)
 
 
@@ -126,7 +130,8 @@ def make_trainer(config: ExperimentConfig) -> Trainer:
   config = configs.from_dict(ExperimentConfig, config)
   cfg, mesh = setup(config)
   tx = optim.make_optimizer(config.optimizer, config.train.steps, cfg, mesh)
-  return Trainer(cfg, tx, mesh, qk_clip_tau=config.optimizer.muon.qk_clip_tau)
+  return Trainer(cfg, tx, mesh, qk_clip_tau=config.optimizer.muon.qk_clip_tau,
+                 microbatches=config.train.microbatches)
 
 
 def _writable_workdir(workdir: str) -> str:

@@ -84,19 +84,73 @@ def apply_qk_clip(params: dict, max_logit_LxH, cfg: ModelConfig, tau: float) -> 
   return params
 
 
+# Aux entries a microbatched step does not average: the token count (summed) and the max logits (max).
+_UNWEIGHTED = ('tokens', 'attn_max_logit')
+
+
+def microbatch_split(batch: dict, microbatches: int) -> dict:
+  """Every leaf (B x ...) as microbatches x B/microbatches x ...: microbatch j holds rows j, j + m,
+  j + 2m, ... so that each device's share of every microbatch is rows it already holds."""
+  def split(path, x):
+    if x.ndim == 0 or x.shape[0] % microbatches:
+      raise ValueError(f'batch{jax.tree_util.keystr(path)} of shape {x.shape}: its rows do not split '
+                       f'into microbatches={microbatches}')
+    return jnp.moveaxis(x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]), 1, 0)
+  return jax.tree_util.tree_map_with_path(split, batch)
+
+
+def accumulated_value_and_grad(total: Callable, params, batch: dict, microbatches: int):
+  """jax.value_and_grad(total, has_aux=True)(params, batch), the batch run as `microbatches`
+  sequential microbatches (activation memory / microbatches) whose values, gradients (summed in
+  float32) and aux entries are averaged weighted by their aux['tokens'] (summed itself), so a
+  token-mean loss gets the whole batch's value and gradient; aux 'attn_max_logit' is the max over
+  microbatches and the per-token 'routes' are dropped. Router statistics (load, aux and z losses)
+  are so averaged over microbatches, each measured on its own (as with balancing per microbatch)."""
+  grad_fn = jax.value_and_grad(total, has_aux=True)
+  if microbatches == 1:
+    return grad_fn(params, batch)
+
+  def weighted(mb):
+    (value, aux), grads = grad_fn(params, mb)
+    if 'tokens' not in aux:
+      raise ValueError(f'microbatches={microbatches} weighs microbatches by the loss\'s aux["tokens"], '
+                       f'which this loss does not give (aux: {sorted(aux)})')
+    w = aux['tokens'].astype(jnp.float32)
+    aux = {k: v if k in _UNWEIGHTED else w * v for k, v in aux.items() if k != 'routes'}
+    return w * value, aux, jax.tree.map(lambda g: w * g.astype(jnp.float32), grads), w
+
+  def body(acc, mb):
+    new = weighted(mb)
+    add = lambda k, a, b: jnp.maximum(a, b) if k == 'attn_max_logit' else a + b
+    return (acc[0] + new[0], {k: add(k, a, new[1][k]) for k, a in acc[1].items()},
+            jax.tree.map(jnp.add, acc[2], new[2]), acc[3] + new[3]), None
+  micro = microbatch_split(batch, microbatches)
+  shapes = jax.eval_shape(weighted, jax.tree.map(lambda x: x[0], micro))
+  zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  if 'attn_max_logit' in zero[1]:
+    zero[1]['attn_max_logit'] = jnp.full_like(zero[1]['attn_max_logit'], -jnp.inf)
+  (value, aux, grads, w), _ = jax.lax.scan(body, zero, micro)
+  w = jnp.maximum(w, 1.0)
+  aux = {k: v if k in _UNWEIGHTED else v / w for k, v in aux.items()}
+  return (value / w, aux), jax.tree.map(lambda g, p: (g / w).astype(p.dtype), grads, params)
+
+
 def train_step(state: TrainState, batch: dict, rng: jax.Array, *, cfg: ModelConfig,
-               tx: optax.GradientTransformation, qk_clip_tau: float = 0.0, loss: Callable = loss_fn):
+               tx: optax.GradientTransformation, qk_clip_tau: float = 0.0, loss: Callable = loss_fn,
+               microbatches: int = 1):
   """One optimizer step on `loss(params, batch, cfg) -> (objective, aux)` (supervised CE, the RL
   objective), aux holding the forward's outputs: the router losses are added here, the router bias
-  is updated after the optimizer, MuonClip applied. rng is reserved for stochastic layers (none yet).
+  is updated after the optimizer, MuonClip applied. With microbatches > 1 the gradient is
+  accumulated over that many sequential microbatches (`accumulated_value_and_grad`) before the one
+  update. rng is reserved for stochastic layers (none yet).
   Returns (state, metrics): loss, grad_norm, router statistics and the loss's own aux entries."""
   del rng
 
-  def total(params):
+  def total(params, batch):
     objective, aux = loss(params, batch, cfg)
     return objective + router_loss(aux, cfg), aux
 
-  (value, aux), grads = jax.value_and_grad(total, has_aux=True)(state.params)
+  (value, aux), grads = accumulated_value_and_grad(total, state.params, batch, microbatches)
   with jax.named_scope('optimizer'):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -146,6 +200,7 @@ class Trainer:
   mesh: Mesh
   rules: sharding.Rules = dataclasses.field(default_factory=lambda: sharding.RULES)
   qk_clip_tau: float = 0.0  # MuonClip threshold on per-head max attention logits; 0 disables.
+  microbatches: int = 1     # Gradient accumulation: sequential microbatches per optimizer step.
 
   def __post_init__(self):
     self.tx = freeze_untrainable(self.tx)
@@ -185,7 +240,8 @@ class Trainer:
     """The jitted train_step on `loss`; batch_sharding (a prefix of the batch's tree) defaults to
     every leaf split on its first axis over the batch mesh axes."""
     return self.jit(
-        functools.partial(train_step, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau, loss=loss),
+        functools.partial(train_step, cfg=self.cfg, tx=self.tx, qk_clip_tau=self.qk_clip_tau, loss=loss,
+                          microbatches=self.microbatches),
         in_shardings=(self.state_shardings, batch_sharding or self.batch_sharding, None),
         out_shardings=(self.state_shardings, NamedSharding(self.mesh, P())),  # Metrics: any host reads them.
         donate_argnums=0)

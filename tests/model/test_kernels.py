@@ -130,10 +130,10 @@ def test_tokamax_ragged_dot_zeroes_rows_past_the_groups():
   np.testing.assert_array_equal(dx[7:], 0.0)
 
 
-@pytest.mark.parametrize('part', ['moe', 'train', 'decode'])
+@pytest.mark.parametrize('part', ['moe', 'train_wide', 'decode'])
 def test_gpu_benchmark_runs_small_on_cpu(part):
   """The GPU suite's script at CPU sizes: every row is timed, except tokamax's GPU kernels, which
-  say they do not apply here."""
+  say they do not apply here; a train step's row has its profile."""
   from experiments.benchmarks import gpu_kernels  # pylint: disable=g-import-not-at-top
   rows = gpu_kernels.PARTS[part](small=True)
   assert rows
@@ -142,6 +142,10 @@ def test_gpu_benchmark_runs_small_on_cpu(part):
       assert row['error'].startswith('NotImplementedError'), row
     else:
       assert row['seconds'] > 0, row
+    if row['name'].startswith('train_step'):
+      assert row['profile']['components']['experts'], row['profile']
+  if part == 'train_wide':
+    assert [r['microbatches'] for r in rows] == [1, 1, 4]
 
 
 def test_gpu_benchmark_breakdown_small_on_cpu():
