@@ -228,7 +228,7 @@ def demonstrations(rng: np.random.Generator, n: int, *, tools: dict = WARM_TOOLS
     kind = rng.choice(['rename', 'malformed', 'repeat'], p=[0.6, 0.2, 0.2])
     show_failure = rng.random() < 0.5
     if kind == 'rename':
-      renamed = {o for o in set(task.ops) if rng.random() < 0.5} or {task.ops[int(rng.integers(len(task.ops)))]}
+      renamed = {o for o in dict.fromkeys(task.ops) if rng.random() < 0.5} or {task.ops[int(rng.integers(len(task.ops)))]}
       new = {o: str(rng.choice(NAME_POOL[o])) if o in renamed else nm for o, nm in tools.items()}
       if rng.random() < 0.5:
         conv = prompt(task, new)

@@ -1,9 +1,13 @@
 """Environments: verifiable rewards that resist the known hacks; pyfunc runs code out of process."""
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+import runs
 from research.rl import env_pyfunc, env_toolcalc as tc
 from research.rl.executor import Limits, SubprocessExecutor
 
@@ -75,6 +79,17 @@ def test_demonstrations_use_new_names_only_after_a_hint():
       called = m['content'].split('(')[0]
       assert called not in new_names or conv[conv.index(m) - 1]['role'] == 'system', conv
   assert 100 < hinted < 200
+
+
+def test_demonstrations_do_not_depend_on_the_string_hash_seed():
+  # The warm start's data is a function of its seed alone: two processes with different
+  # PYTHONHASHSEED (set iteration order) make the same conversations.
+  code = ('import hashlib, json, numpy as np; from research.rl import env_toolcalc as tc; '
+          'd = tc.demonstrations(np.random.default_rng(0), 300, hint_fraction=0.5, max_ops=3, max_operand=20); '
+          'print(hashlib.sha256(json.dumps(d).encode()).hexdigest())')
+  out = {subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=runs.ROOT),
+                        capture_output=True, text=True, check=True, timeout=120).stdout for seed in ('1', '2', '3')}
+  assert len(out) == 1, out
 
 
 EX = SubprocessExecutor()
