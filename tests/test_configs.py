@@ -124,3 +124,10 @@ def test_docs_list_every_field():
   for cls in (loop.ExperimentConfig, rl_loop.RLExperimentConfig):
     missing = [n for n in _fields(cls) if f'`{n}`' not in doc and f'`{n.rsplit(".", 1)[-1]}`' not in doc]
     assert not missing, f'docs/training.md does not describe {missing}'
+
+
+def test_profile_window_checked_only_when_profiling():
+  loop.TrainConfig(steps=1).validate()  # Shorter than profile_steps, no profile: fine.
+  loop.TrainConfig(steps=5, profile_start=3).validate()  # Steps 3-5.
+  with pytest.raises(ValueError, match=r'^train.profile_start=4'):
+    loop.TrainConfig(steps=5, profile_start=4).validate()

@@ -181,9 +181,8 @@ class _Program:
 
   def __call__(self, *args):
     if self.compiled is None:
-      with jax.set_mesh(self.trainer.mesh):
-        self.compiled = jax.jit(self.trainer.with_rules(self.fn),
-                                donate_argnums=(0,) if self.donate else ()).lower(*args).compile()
+      jitted = self.trainer.jit(self.fn, donate_argnums=(0,) if self.donate else ())
+      self.compiled = jitted.lower(*args).compile()
     return self.compiled(*args)
 
   def cost(self) -> dict:

@@ -185,19 +185,18 @@ def attribute(trace: Trace, names: dict[str, str], module: str | None, steps: in
               top: int = 15) -> Profile:
   """Adds the trace's events of `module` (and those that name none) to their components; per step."""
   mine = [e for e in trace.events if e.module is None or module is None or e.module == module]
-  per_op, launches = collections.Counter(), collections.Counter()
+  per_op, calls, by_device = collections.Counter(), collections.Counter(), collections.defaultdict(list)
   for e in mine:
     per_op[e.hlo_op] += e.seconds / steps
-    launches[classify(names.get(e.hlo_op, ''))[0]] += 1 / steps
-  components = collections.defaultdict(lambda: collections.defaultdict(float))
-  for op, s in per_op.items():
-    comp, which = classify(names.get(op, ''))
-    components[comp][which] += s
-  by_device = collections.defaultdict(list)
-  for e in mine:
+    calls[e.hlo_op] += 1 / steps
     by_device[e.device].append((e.start_ns * 1e-9, e.start_ns * 1e-9 + e.seconds))
-  top_ops = [dict(hlo_op=op, op_name=names.get(op, ''), seconds=s,
-                  **dict(zip(('component', 'pass'), classify(names.get(op, '')))))
+  kind = {op: classify(names.get(op, '')) for op in per_op}  # (component, pass) of each op.
+  components = collections.defaultdict(lambda: collections.defaultdict(float))
+  launches = collections.Counter()
+  for op, s in per_op.items():
+    components[kind[op][0]][kind[op][1]] += s
+    launches[kind[op][0]] += calls[op]
+  top_ops = [dict(hlo_op=op, op_name=names.get(op, ''), seconds=s, component=kind[op][0], **{'pass': kind[op][1]})
              for op, s in per_op.most_common(top)]
   return Profile(steps=steps, source=trace.source, wall_seconds=wall_seconds / steps,
                  op_seconds=sum(per_op.values()),

@@ -58,7 +58,7 @@ class TrainConfig:
         raise configs.invalid(path + f, getattr(self, f), 'must be positive')
     if self.eval_every < 0:
       raise configs.invalid(path + 'eval_every', self.eval_every, 'must be >= 0 (0 disables eval)')
-    if not 0 <= self.profile_start <= self.steps - self.profile_steps + 1:
+    if self.profile_start and not 1 <= self.profile_start <= self.steps - self.profile_steps + 1:
       raise configs.invalid(path + 'profile_start', self.profile_start,
                             f'must be 0 (no profile) or leave its {self.profile_steps} steps within '
                             f'{self.steps} steps')
