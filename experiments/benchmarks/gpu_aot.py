@@ -152,12 +152,12 @@ def train_shape(text: str) -> tuple[str, int, int]:
   return m[1], int(m[2]), int(m[3] or 1)
 
 
-def train_program(devices, kind: str, rows: int, microbatches: int = 1):
+def train_program(devices, kind: str, rows: int, microbatches: int = 1, moe_impl: str = 'tokamax'):
   """(name, compiled): gpu_kernels' AdamW train step of shape `kind` ('base' or 'wide') on rows x seq,
-  times microbatches accumulated per update."""
+  times microbatches accumulated per update, its experts on `moe_impl`."""
   import tokamax  # pylint: disable=g-import-not-at-top
   cfg, _, seq = gpu_kernels._model(False, wide=kind == 'wide')  # pylint: disable=protected-access
-  cfg = dataclasses.replace(cfg, moe_impl='tokamax', attention_impl='tokamax')
+  cfg = dataclasses.replace(cfg, moe_impl=moe_impl, moe_fallback_impl='tokamax', attention_impl='tokamax')
   mesh = mesh_lib.make_mesh('data:1', devices[:1])
   tx = step_lib.freeze_untrainable(optim.make_optimizer(optim.OptimizerConfig(name='adamw'), 100, cfg, mesh))
 
@@ -175,7 +175,8 @@ def train_program(devices, kind: str, rows: int, microbatches: int = 1):
     compiled = jax.jit(step, in_shardings=(on_one(state), on_one(batch), one),
                        out_shardings=(on_one(state), one), donate_argnums=0).lower(state, batch, key).compile()
   kernels.KERNEL_ORDER = None
-  return f'train_step_{kind}_{rows}x{seq}' + f'_x{microbatches}' * (microbatches > 1), compiled
+  name = f'train_step_{kind}_{rows}x{seq}' + f'_x{microbatches}' * (microbatches > 1)
+  return name + f'_{moe_impl}' * (moe_impl != 'tokamax'), compiled
 
 
 def main():
@@ -186,6 +187,8 @@ def main():
   parser.add_argument('--mesh', default='fsdp:2,expert:4', help='mesh of the Muon part')
   parser.add_argument('--train_step', type=train_shape, default=None,
                       help='also compile gpu_kernels\' train step: base:ROWS or wide:ROWS (a minute)')
+  parser.add_argument('--moe_impl', default='tokamax', choices=('tokamax', 'padded'),
+                      help='the train step\'s expert path')
   parser.add_argument('--chunk_bytes', type=int, default=2**20,
                       help='exchange chunk size; small, so the tiny tree has several chunks')
   args = parser.parse_args()
@@ -199,7 +202,7 @@ def main():
   programs = [*muon_programs(devices, args.mesh, args.chunk_bytes), *moe_programs(devices),
               *kernel_programs(devices)]
   if args.train_step:
-    programs.append(train_program(devices, *args.train_step))
+    programs.append(train_program(devices, *args.train_step, moe_impl=args.moe_impl))
   for name, compiled in programs:
     hlo = compiled.as_text()
     hlo_file = stem.with_name(f'{stem.name}.{name.replace(":", "").replace(",", "_")}.hlo.txt')

@@ -2,10 +2,12 @@
 
 python -m experiments.benchmarks.gpu_kernels --part=moe --json=FILE    # one part per process
 Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeout`):
-  moe        the grouped expert FFN (rows already sorted, the kernel's number) per tokamax kernel,
-             and the whole MoE layer (routing, sorting, FFN, combine) on `moe_impl='auto'`, forward
-             and forward + backward, bf16, top-8 at 8/64/384 experts of Kimi K2's shape (7168 ->
-             2048); then blocked / ragged_dot / tokamax side by side on a smaller shape.
+  moe        the grouped expert FFN (rows already sorted, the kernel's number) per tokamax kernel
+             and on the padded path (batched dense GEMMs over slots of 1.25x the mean group), and
+             the whole MoE layer (routing, sorting, FFN, combine) on `moe_impl='auto'` and
+             'padded', forward and forward + backward, bf16, top-8 at 8/64/384 experts of Kimi K2's
+             shape (7168 -> 2048); then blocked / ragged_dot / tokamax / padded side by side on a
+             smaller shape.
   attention  causal self-attention, GQA and MLA (value head 128 != query head 192), per
              `attention_impl`, forward and forward + backward.
   train      one full train step (AdamW, then Muon) of a tiny-MoE-family model as large as fits
@@ -95,19 +97,22 @@ def moe_rows(small: bool) -> list[dict]:
     xs = jax.random.normal(jax.random.key(2), (m, d), jnp.bfloat16)
     sizes = _random_group_sizes(m, e)
     fwd_flops = 6.0 * m * d * f
-    for kernel in ('mosaic', 'triton'):
-      kernels.KERNEL_ORDER = (kernel,)
-      ffn = lambda p, xs: moe.grouped_ffn(p, xs, sizes, 'tokamax')
+    for kernel in ('mosaic', 'triton', 'padded'):
+      kernels.KERNEL_ORDER = None if kernel == 'padded' else (kernel,)
+      path = moe.ExpertPath('padded', fallback='tokamax') if kernel == 'padded' else moe.ExpertPath('tokamax')
+      ffn = lambda p, xs, path=path: moe.grouped_ffn(p, xs, sizes, path)
       rows.append(_row(f'ffn/{kernel}/fwd', fwd_flops, jax.jit(ffn), p, xs, experts=e, d=d, f=f, rows=m))
       rows.append(_row(f'ffn/{kernel}/train', 3 * fwd_flops, jax.jit(jax.grad(_sq_loss(ffn), (0, 1))), p, xs,
                        experts=e, d=d, f=f, rows=m))
     kernels.KERNEL_ORDER = None
-    layer = lambda p, x, c=cfg: moe.moe(p, x, jnp.ones(x.shape[:2], bool), c)[0]
-    rows.append(_row('layer/auto/train', 3 * fwd_flops, jax.jit(jax.grad(_sq_loss(layer), (0, 1))), p, x,
-                     experts=e, d=d, f=f, rows=m, impl=moe.resolve_impl('auto')))
+    for impl in ('auto', 'padded'):
+      c = dataclasses.replace(cfg, moe_impl=impl)
+      layer = lambda p, x, c=c: moe.moe(p, x, jnp.ones(x.shape[:2], bool), c)[0]
+      rows.append(_row(f'layer/{impl}/train', 3 * fwd_flops, jax.jit(jax.grad(_sq_loss(layer), (0, 1))), p, x,
+                       experts=e, d=d, f=f, rows=m, impl=moe.resolve_impl(impl)))
   # The paths side by side where the blocked path's per-block weight copies fit.
   d, f, tokens, e = (64, 32, 256, 16) if small else (2048, 1024, 8192, 64)
-  for impl in ('blocked', 'ragged', 'tokamax'):
+  for impl in ('blocked', 'ragged', 'tokamax', 'padded'):
     cfg = ModelConfig(d_model=d, d_expert=f, num_experts=e, num_experts_per_tok=8, moe_impl=impl, **BF16)
     p = materialize(moe.moe_specs(cfg), jax.random.key(0), jnp.bfloat16)
     x = jax.random.normal(jax.random.key(1), (1, tokens, d), jnp.bfloat16)
@@ -232,18 +237,22 @@ def _profile(program: _Program, step) -> dict:
 
 
 def train_rows(small: bool, wide: bool = False) -> list[dict]:
-  """AdamW then Muon, and (wide) AdamW accumulating 4 microbatches per update (the optimizer's pass
-  over the parameters amortized over 4x the tokens); a step that does not fit is retried once on
-  half the rows."""
+  """AdamW with the experts on `auto` (tokamax on a GPU) and on `padded`, (wide) AdamW accumulating
+  4 microbatches per update (the optimizer's pass over the parameters amortized over 4x the
+  tokens), then Muon; a step that does not fit is retried once on half the rows."""
   cfg, rows_n, seq = _model(small, wide)
-  # (optimizer, microbatches, rows in each): the float32 gradient accumulator (4 bytes a parameter)
-  # leaves room for 2/3 of the rows (gpu_aot for an H200: wide:4x4 127.94 GiB, wide:6x4 137.19).
-  runs = [('adamw', 1, rows_n), ('muon', 1, rows_n)] + [('adamw', 4, rows_n * 2 // 3)] * wide
+  # (optimizer, microbatches, rows in each, experts): the float32 gradient accumulator (4 bytes a
+  # parameter) leaves room for 2/3 of the rows (gpu_aot for an H200: wide:4x4 127.94 GiB, wide:6x4
+  # 137.19); the padded experts' wide:6 step peaks at 130.69 GiB.
+  runs = ([('adamw', 1, rows_n, 'auto'), ('adamw', 1, rows_n, 'padded')]
+          + [('adamw', 4, rows_n * 2 // 3, 'auto')] * wide + [('muon', 1, rows_n, 'auto')])
   out = []
-  for opt, micro, rows_n in runs:
+  for opt, micro, rows_n, experts in runs:
     for rows in (rows_n, rows_n // 2):
-      name = f'train_step/{"wide/" * wide}{opt}' + f'/x{micro}' * (micro > 1)
-      out.append(_train_step_row(name, *_setup(cfg, rows, seq, opt, micro), []))
+      name = (f'train_step/{"wide/" * wide}{opt}' + f'/x{micro}' * (micro > 1)
+              + f'/{experts}' * (experts != 'auto'))
+      trainer, batch = _setup(dataclasses.replace(cfg, moe_impl=experts), rows, seq, opt, micro)
+      out.append(_train_step_row(name, trainer, batch, []))
       if 'seconds' in out[-1]:
         break
   return out
@@ -279,7 +288,7 @@ def _block_rows(trainer: step_lib.Trainer, params: dict, batch: dict) -> list[di
   block = lambda p, x, seg: x + moe.moe(p['moe'], rms_norm(x, p['mlp_norm'], eps), seg != 0, cfg)[0]
   route = lambda p, x_NxD, valid_N: moe.route(p, x_NxD, valid_N, cfg)[0]
   impl = moe.resolve_impl(cfg.moe_impl)
-  ffn = lambda p, xs, sizes: moe.grouped_ffn(p, xs, sizes, impl, cfg.moe_block_size)
+  ffn = lambda p, xs, sizes: moe.grouped_ffn(p, xs, sizes, moe.expert_path(cfg))
 
   def head(p, h, targets):
     logits = transformer.lm_head(p['lm_head']['kernel'], rms_norm(h, p['final_norm']['scale'], eps), cfg)

@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$PY" -c 'from research.model import kernels
 print("tokamax GPU kernels that compile here:", {op: kernels.gpu_kernels(op) for op in ("ragged_dot", "attention")})'
 
-declare -A LIMIT=([moe]=150 [train]=180 [train_wide]=240 [attention]=80 [decode]=50 [breakdown]=150
+declare -A LIMIT=([moe]=180 [train]=240 [train_wide]=300 [attention]=80 [decode]=50 [breakdown]=150
                   [breakdown_wide]=150)
 for part in $PARTS; do
   case "$part" in

@@ -12,7 +12,7 @@ from research import configs
 
 ATTENTION_TYPES = ('gqa', 'mla')
 ROUTER_TYPES = ('softmax', 'sigmoid')
-MOE_IMPLS = ('auto', 'dense', 'ragged', 'blocked', 'tokamax')
+MOE_IMPLS = ('auto', 'dense', 'ragged', 'blocked', 'tokamax', 'padded')
 ATTENTION_IMPLS = ('auto', 'xla', 'blockwise', 'tokamax')
 EP_EXCHANGES = ('auto', 'all_to_all', 'ragged')
 REMAT_POLICIES = ('none', 'full', 'dots')
@@ -65,6 +65,9 @@ class ModelConfig:
   bias_update_rate: float = 0.0     # Aux-loss-free balancing (sigmoid router), applied per step.
   moe_impl: str = 'auto'            # auto: tokamax grouped GEMM on GPU, ragged_dot on TPU, blocked on CPU.
   moe_block_size: int = 0           # Rows per block of the blocked path; 0 picks one (<= 25% pad).
+  moe_capacity_factor: float = 1.25  # Padded path: slots per expert over the mean group size.
+  moe_fallback_impl: str = 'auto'    # Padded path: where a layer whose largest group exceeds its
+                                     # slots runs (dropless either way); not dense or padded.
   expert_parallel: bool = True      # shard_map + all-to-all over `expert` when that axis is > 1.
   ep_exchange: str = 'auto'         # auto: ragged_all_to_all on GPU/TPU, padded all_to_all on CPU.
   # Numerics and memory.
@@ -107,6 +110,10 @@ class ModelConfig:
     if self.attention == 'gqa':
       need(self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads == 0, 'num_kv_heads',
            f'must divide num_heads={self.num_heads}')
+    need(self.moe_fallback_impl in set(MOE_IMPLS) - {'dense', 'padded'}, 'moe_fallback_impl',
+         f'expected one of {tuple(i for i in MOE_IMPLS if i not in ("dense", "padded"))}')
+    need(self.moe_capacity_factor >= 1.0, 'moe_capacity_factor',
+         'must be >= 1 (below the mean group size every layer would fall back)')
     need(self.rope_yarn_factor >= 1.0, 'rope_yarn_factor', 'must be >= 1 (1 disables YaRN)')
     need(self.rope_dim % 2 == 0, 'qk_rope_head_dim' if self.attention == 'mla' else 'head_dim',
          'RoPE needs an even dimension')

@@ -10,12 +10,18 @@ Paths (same math, chosen by `moe_impl`):
             1 + E * (block - 1) / (N * k) of the ideal; the `auto` choice on CPU.
   tokamax - sort by expert, tokamax's grouped GEMM (research/model/kernels.py: Mosaic GPU kernels on
             Hopper, Triton, else XLA's ragged_dot), with its own backward kernels; `auto` on GPU.
+  padded  - sort by expert, each expert's rows in a fixed number of zero-padded slots
+            (`moe_capacity_factor` x the mean group), one batched matmul per projection: the
+            device's dense GEMM (cuBLAS on a GPU), at the price of the padding's FLOPs. A layer whose
+            largest group exceeds the slots runs `moe_fallback_impl` instead (`jax.lax.cond`), so no
+            token is dropped.
 Expert parallelism: `jax.shard_map` over the mesh; token copies travel to the devices that own their
 experts and come back through `jax.lax.ragged_all_to_all` (`ep_exchange='ragged'`, GPU and TPU), or
 through its emulation by a dense all-to-all of padded chunks (`'all_to_all'`, runs everywhere).
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +128,27 @@ def experts_dense(p, x_NxD, weights_NxK, experts_NxK):
   return jnp.einsum('ned,ne->nd', y_NxExD, combine_NxE)
 
 
+class ExpertPath(NamedTuple):
+  """How the routed experts run: ModelConfig's `moe_*` fields with `auto` resolved (`expert_path`)."""
+  impl: str                      # dense, ragged, blocked, tokamax or padded.
+  block: int = 0                 # blocked: rows per block (0 picks one).
+  capacity_factor: float = ModelConfig.moe_capacity_factor  # padded: slots per expert over the mean group.
+  fallback: str = 'blocked'      # padded: the path of a layer whose largest group exceeds its slots.
+
+
+def expert_path(cfg: ModelConfig) -> ExpertPath:
+  return ExpertPath(resolve_impl(cfg.moe_impl), cfg.moe_block_size, cfg.moe_capacity_factor,
+                    resolve_impl(cfg.moe_fallback_impl))
+
+
+def capacity(num_rows: int, num_experts: int, factor: float) -> int:
+  """Slots per expert of the padded path: factor x the mean group, rounded up to a multiple of 8
+  (of 128, a GEMM tile, from 512 up), at most num_rows."""
+  slots = -(-int(factor * num_rows) // num_experts)
+  align = 128 if slots >= 512 else 8
+  return min(num_rows, -(-slots // align) * align)
+
+
 def block_size(num_rows: int, num_experts: int, requested: int = 0) -> int:
   """Largest power of two whose padding (< E * block rows) stays under 25% of the rows."""
   if requested:
@@ -184,27 +211,63 @@ def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int, scale_M):
   return jnp.where(real_M[:, None], yb.at[dest_M].get(mode='fill', fill_value=0), 0)
 
 
+def _ffn_padded(p, xs_MxD, group_sizes_E, slots: int, scale_M, fallback):
+  """Each expert's rows in `slots` zero-padded slots and one batched matmul per projection, if every
+  group fits; otherwise fallback(weights, xs_MxD, scale_M). Rows past sum(group_sizes) give zeros."""
+  m, e = xs_MxD.shape[0], group_sizes_E.shape[0]
+  end_E = jnp.cumsum(group_sizes_E)
+  start_E = end_E - group_sizes_E
+  slot_C = jnp.arange(slots)
+  # Slot (e, c) holds row start_E[e] + c; row r sits in slot expert_r * slots + (r - start_E[expert_r]).
+  # Out-of-range entries (empty slots, rows past the groups) read as zeros.
+  row_of_slot = jnp.where(slot_C < group_sizes_E[:, None], start_E[:, None] + slot_C, m).reshape(-1)
+  row_M = jnp.arange(m)
+  expert_M = jnp.minimum(jnp.searchsorted(end_E, row_M, side='right'), e - 1)
+  slot_of_row = jnp.where(row_M < end_E[-1], expert_M * slots + row_M - start_E[expert_M], e * slots)
+  # Cast once, outside the cond: each branch's own cast would be a residual of its own.
+  w = {k: p[k] if p[k].dtype == xs_MxD.dtype else
+       jax.ad_checkpoint.checkpoint_name(p[k].astype(xs_MxD.dtype), 'expert_weight')
+       for k in ('wi_gate', 'wi_up', 'wo')}
+
+  # The projections leave the slots for rows: the backward keeps gate and up as M x F, the fallback's
+  # layout, so the cond's two branches share those residuals instead of keeping both (+23 GiB at
+  # gpu_kernels' wide shape), for three more gathers of M x F each way.
+  def padded(w, xs_MxD, scale_M):
+    to_slots = lambda a: permute_rows(a, row_of_slot, slot_of_row).reshape(e, slots, -1)
+    to_rows = lambda a: permute_rows(a.reshape(e * slots, -1), slot_of_row, row_of_slot)
+    x_ExCxD = to_slots(xs_MxD)
+    project = lambda name: to_rows(jnp.einsum('ecd,edf->ecf', x_ExCxD, w[name]))
+    h_MxF = _swiglu_hidden(project('wi_gate'), project('wi_up'), scale_M)
+    return to_rows(jnp.einsum('ecf,efd->ecd', to_slots(h_MxF), w['wo']))
+  return jax.lax.cond(jnp.max(group_sizes_E) <= slots, padded, fallback, w, xs_MxD, scale_M)
+
+
 @functools.partial(jax.named_call, name='experts')
-def grouped_ffn(p, xs_MxD, group_sizes_E, impl: str, block: int = 0, scale_M=None):
+def grouped_ffn(p, xs_MxD, group_sizes_E, path: ExpertPath, scale_M=None, slots: int = 0):
   """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored); row m's
-  hidden units (so its output) scaled by scale_M[m] if given."""
-  if impl == 'ragged':
+  hidden units (so its output) scaled by scale_M[m] if given. slots: the padded path's slots per
+  expert (0: sized for the M rows given, all real; expert parallelism's buffers are not)."""
+  if path.impl == 'padded':
+    fallback = lambda w, xs, scale: grouped_ffn(w, xs, group_sizes_E, path._replace(impl=path.fallback), scale)
+    slots = slots or capacity(xs_MxD.shape[0], group_sizes_E.shape[0], path.capacity_factor)
+    return _ffn_padded(p, xs_MxD, group_sizes_E, slots, scale_M, fallback)
+  if path.impl == 'ragged':
     return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E), scale_M)
-  if impl == 'tokamax':
+  if path.impl == 'tokamax':
     return _ffn_grouped(p, xs_MxD, lambda x, w: kernels.ragged_dot(x, w, group_sizes_E), scale_M)
-  return _ffn_blocked(p, xs_MxD, group_sizes_E, block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block),
-                      scale_M)
+  return _ffn_blocked(p, xs_MxD, group_sizes_E,
+                      block_size(xs_MxD.shape[0], group_sizes_E.shape[0], path.block), scale_M)
 
 
-def dispatched_ffn(p, src_SxD, repeats: int, perm_M, inverse_M, group_sizes_E, impl: str, block: int = 0,
-                   scale_M=None):
+def dispatched_ffn(p, src_SxD, repeats: int, perm_M, inverse_M, group_sizes_E, path: ExpertPath,
+                   scale_M=None, slots: int = 0):
   """grouped_ffn on the rows jnp.repeat(src, repeats)[perm_M] (in expert order; inverse_M the
   inverse permutation), under the checkpoint that keeps `_FFN_SAVED` only."""
   @functools.partial(jax.checkpoint, policy=_FFN_SAVED)
   def run(p, src_SxD, scale_M):
     with jax.named_scope('dispatch'):
       xs_MxD = permute_rows(jnp.repeat(src_SxD, repeats, axis=0), perm_M, inverse_M)
-    return grouped_ffn(p, xs_MxD, group_sizes_E, impl, block, scale_M)
+    return grouped_ffn(p, xs_MxD, group_sizes_E, path, scale_M, slots)
   return run(p, src_SxD, scale_M)
 
 
@@ -224,19 +287,25 @@ def sort_order(ids_M):
   return order, inverse
 
 
+def _take(x, idx):
+  return x.at[idx].get(mode='fill', fill_value=0)
+
+
 @jax.custom_vjp
 def permute_rows(x_MxD, perm_M, inverse_M):
-  """x_MxD[perm_M] for a permutation perm_M whose inverse is inverse_M."""
-  return x_MxD[perm_M]
+  """x_MxD[perm_M] for a permutation perm_M whose inverse is inverse_M. Also for a partial one
+  (the padded path's slots): an out-of-range perm_M[i] gives a zero row i, an out-of-range
+  inverse_M[j] says row j goes nowhere."""
+  return _take(x_MxD, perm_M)
 
 
 def _permute_fwd(x_MxD, perm_M, inverse_M):
-  return x_MxD[perm_M], (perm_M, inverse_M)
+  return _take(x_MxD, perm_M), (perm_M, inverse_M)
 
 
 def _permute_bwd(res, g_MxD):
   perm_M, inverse_M = res
-  return g_MxD[inverse_M], None, None
+  return _take(g_MxD, inverse_M), None, None
 
 
 permute_rows.defvjp(_permute_fwd, _permute_bwd)
@@ -249,7 +318,7 @@ def _combine(ys_MxD, order, inverse, n: int, k: int):
   return jnp.sum(y_NxKxD, axis=1, dtype=jnp.float32).astype(ys_MxD.dtype)
 
 
-def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0):
+def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, path: ExpertPath):
   """Sort token copies by expert, grouped FFN, unsort and combine. No token is dropped."""
   n, k = experts_NxK.shape
   e = p['wo'].shape[0]
@@ -258,7 +327,7 @@ def experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int = 0
   group_sizes = jnp.bincount(flat_e, length=e).astype(jnp.int32)
   with jax.named_scope('dispatch'):
     scale_M = permute_rows(weights_NxK.reshape(-1), order, inverse)
-  ys = dispatched_ffn(p, x_NxD, k, order, inverse, group_sizes, impl, block, scale_M)
+  ys = dispatched_ffn(p, x_NxD, k, order, inverse, group_sizes, path, scale_M)
   return _combine(ys, order, inverse, n, k)
 
 
@@ -270,10 +339,10 @@ def resolve_impl(impl: str) -> str:
   return 'ragged' if jax.default_backend() == 'tpu' else 'blocked'
 
 
-def _local_experts(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int):
-  if impl == 'dense':
+def _local_experts(p, x_NxD, weights_NxK, experts_NxK, path: ExpertPath):
+  if path.impl == 'dense':
     return experts_dense(p, x_NxD, weights_NxK, experts_NxK)
-  return experts_sorted(p, x_NxD, weights_NxK, experts_NxK, impl, block)
+  return experts_sorted(p, x_NxD, weights_NxK, experts_NxK, path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,7 +392,7 @@ def _expert_axes(num_experts: int, mesh) -> tuple[str, ...]:
   return sharding.entry_axes(p[0])
 
 
-def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, mesh, transport):
+def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, path: ExpertPath, mesh, transport):
   """shard_map over the mesh, laid out by the rules: tokens split as `act_batch`, experts as
   `experts`, the expert hidden units F as `expert_mlp` (by default the mesh axes `data, fsdp,
   expert`, `expert` and `tensor`).
@@ -334,7 +403,8 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
   sends the results back the same way. Offsets come from the all-gathered counts. The receive buffer
   has the static worst case of ep * C rows (every peer routing everything here), so nothing is
   dropped; the real primitive moves only the real rows. Sharding F leaves partial sums of the
-  down-projection, added with a psum.
+  down-projection, added with a psum. The padded path sizes its slots for the C rows a device
+  receives when routing is balanced, not for the buffer.
   """
   wspec = {k: sharding.fit_spec(sharding.spec(axes), p[k].shape, mesh)
            for k, axes in _EP_WEIGHT_AXES.items()}
@@ -370,13 +440,13 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, impl: str, block: int, 
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
                         jnp.append(recv_PxL.reshape(-1), ep * c - jnp.sum(recv_PxL)),
                         total_repeat_length=ep * c)
-    if impl == 'dense':
+    if path.impl == 'dense':
       real = jnp.where(recv_e < e_local, recv_w, 0).astype(recv_x.dtype)[:, None]
       y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
     else:
       r_order, r_inverse = sort_order(recv_e)  # Padding sorts last, past every group.
-      ys = dispatched_ffn(pw, recv_x, 1, r_order, r_inverse, jnp.sum(recv_PxL, axis=0), impl, block,
-                          permute_rows(recv_w, r_order, r_inverse))
+      ys = dispatched_ffn(pw, recv_x, 1, r_order, r_inverse, jnp.sum(recv_PxL, axis=0), path,
+                          permute_rows(recv_w, r_order, r_inverse), capacity(c, e_local, path.capacity_factor))
       y = permute_rows(ys, r_inverse, r_order)
     if f_names:
       y = jax.lax.psum(y, _collective_axes(f_names))
@@ -396,15 +466,15 @@ def moe(p: dict, x_BxTxD, valid_BxT, cfg: ModelConfig, routes_NxK=None):
   b, t, d = x_BxTxD.shape
   x_NxD = x_BxTxD.reshape(b * t, d)
   weights, experts, stats = route(p, x_NxD, valid_BxT.reshape(-1), cfg, routes_NxK)
-  impl = resolve_impl(cfg.moe_impl)
+  path = expert_path(cfg)
   mesh = jax.sharding.get_abstract_mesh()
   if (cfg.expert_parallel and not mesh.empty
       and axis_size(mesh, _expert_axes(cfg.num_experts, mesh)) > 1):
     transport = (jax.lax.ragged_all_to_all if resolve_exchange(cfg.ep_exchange) == 'ragged'
                  else _ragged_all_to_all_emulated)
-    y = _expert_parallel(p, x_NxD, weights, experts, impl, cfg.moe_block_size, mesh, transport)
+    y = _expert_parallel(p, x_NxD, weights, experts, path, mesh, transport)
   else:
-    y = _local_experts(p, x_NxD, weights, experts, impl, cfg.moe_block_size)
+    y = _local_experts(p, x_NxD, weights, experts, path)
   if cfg.num_shared_experts:
     y = y + swiglu(p['shared'], x_NxD)
   return y.reshape(b, t, d), stats

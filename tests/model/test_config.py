@@ -14,7 +14,8 @@ from research.train import loop
 @pytest.mark.parametrize('field,value', [('attention', 'linear'), ('router', 'relu'),
                                          ('moe_impl', 'magic'), ('ep_exchange', 'nccl'),
                                          ('num_experts_per_tok', 99), ('n_group', 3),
-                                         ('num_kv_heads', 3)])
+                                         ('num_kv_heads', 3), ('moe_fallback_impl', 'padded'),
+                                         ('moe_capacity_factor', 0.5)])
 def test_invalid_field_is_named(field, value):
   with pytest.raises(ValueError, match=f'model.{field}'):
     transformer.param_specs(dataclasses.replace(ModelConfig(), **{field: value}))

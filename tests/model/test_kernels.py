@@ -145,7 +145,10 @@ def test_gpu_benchmark_runs_small_on_cpu(part):
     if row['name'].startswith('train_step'):
       assert row['profile']['components']['experts'], row['profile']
   if part == 'train_wide':
-    assert [r['microbatches'] for r in rows] == [1, 1, 4]
+    assert [(r['microbatches'], r['experts']) for r in rows] == [(1, 'blocked'), (1, 'padded'), (4, 'blocked'),
+                                                                 (1, 'blocked')]
+  if part == 'moe':
+    assert {'ffn/padded/train', 'layer/padded/train', 'layer/padded/fwd'} <= {r['name'] for r in rows}
 
 
 def test_gpu_benchmark_breakdown_small_on_cpu():

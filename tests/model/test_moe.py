@@ -89,7 +89,7 @@ def test_bias_update_moves_toward_balance():
 
 
 @pytest.mark.parametrize('cfg', [SOFTMAX, SIGMOID], ids=['softmax', 'sigmoid'])
-@pytest.mark.parametrize('impl', ['ragged', 'blocked'])
+@pytest.mark.parametrize('impl', ['ragged', 'blocked', 'padded'])
 def test_grouped_paths_match_dense(cfg, impl):
   p = _params(cfg)
   x = jax.random.normal(jax.random.key(6), (2, 24, cfg.d_model))
@@ -110,22 +110,54 @@ def _grads_and_dense_reference(cfg, seed: int):
   return grad, p, x, grad(dataclasses.replace(cfg, moe_impl='dense'))(p, x)
 
 
-@pytest.mark.parametrize('impl', ['ragged', 'blocked'])
-def test_sorted_paths_gradients_match_dense_and_move_rows_by_gathers(impl):
+def _slots_fit(cfg, p, x) -> bool:
+  """Whether the padded path's slots hold every expert's group for this input (no fallback)."""
+  experts = moe.route(p, x.reshape(-1, cfg.d_model), jnp.ones(x.shape[0] * x.shape[1], bool), cfg)[1]
+  rows = experts.size
+  return int(jnp.max(jnp.bincount(experts.reshape(-1), length=cfg.num_experts))) <= moe.capacity(
+      rows, cfg.num_experts, cfg.moe_capacity_factor)
+
+
+@pytest.mark.parametrize('impl,capacity_factor', [('ragged', 1.25), ('blocked', 1.25), ('padded', 1.0),
+                                                  ('padded', 16.0)])
+def test_sorted_paths_gradients_match_dense_and_move_rows_by_gathers(impl, capacity_factor):
   """Sorting token copies by expert and back is a permutation both ways: no scatter of D-wide rows
   in the forward or backward program (a GPU would run it with atomics); the FFN path's own
-  scatters (the blocked layout) are its business, so only `ragged` is checked for none."""
-  cfg = dataclasses.replace(SIGMOID, moe_impl=impl)
+  scatters (the blocked layout) are its business, so only `ragged` and `padded` (its slots filled
+  and emptied by gathers too; falling back to `ragged`) are checked for none. The padded path with
+  slots for the mean group falls back here, with 16x the mean it does not: both branches."""
+  cfg = dataclasses.replace(SIGMOID, moe_impl=impl, moe_fallback_impl='ragged', moe_capacity_factor=capacity_factor)
   grad_fn, p, x, ref = _grads_and_dense_reference(cfg, seed=14)
+  if impl == 'padded':
+    assert _slots_fit(cfg, p, x) == (capacity_factor > 1)
   grad = grad_fn(cfg)
   for a, b in zip(jax.tree.leaves(jax.jit(grad)(p, x)), jax.tree.leaves(ref)):
     np.testing.assert_allclose(a, b, atol=1e-5)
   row_scatters = [e.primitive.name for e in jaxprs.eqns(jax.make_jaxpr(grad)(p, x).jaxpr)
                   if e.primitive.name.startswith('scatter') and e.invars[0].aval.shape[-1] == cfg.d_model]
-  if impl == 'ragged':
+  if impl in ('ragged', 'padded'):
     assert not row_scatters, row_scatters
   else:
     assert row_scatters  # The check sees scatters where there are some.
+
+
+def test_padded_path_uses_its_slots_when_every_group_fits_and_falls_back_otherwise():
+  """grouped_ffn's padded path against the ragged path on the same sorted rows, including rows past
+  the groups (zeros); a group one row larger than the slots takes the fallback (here a marker)."""
+  cfg = dataclasses.replace(SOFTMAX, num_experts=4)
+  p = {k: v for k, v in _params(cfg).items() if k.startswith('w')}
+  xs = jax.random.normal(jax.random.key(21), (40, cfg.d_model))
+  scale = jax.random.uniform(jax.random.key(22), (40,))
+  marker = lambda w, xs, scale: jnp.full_like(xs, 7.0)
+  padded = jax.jit(lambda sizes: moe._ffn_padded(p, xs, sizes, 8, scale, marker))  # pylint: disable=protected-access
+  for sizes in ([8, 0, 5, 8], [3, 8, 8, 8], [1, 2, 3, 4]):
+    sizes = jnp.asarray(sizes, jnp.int32)
+    ref = moe.grouped_ffn(p, xs, sizes, moe.ExpertPath('ragged'), scale)
+    np.testing.assert_allclose(padded(sizes), ref, atol=1e-5)
+    assert np.all(np.asarray(ref)[int(sizes.sum()):] == 0)
+  np.testing.assert_array_equal(padded(jnp.asarray([9, 0, 0, 0], jnp.int32)), np.full(xs.shape, 7.0))
+  assert moe.capacity(196608, 32, 1.25) == 7680 and moe.capacity(96, 8, 1.25) == 16
+  assert moe.capacity(10, 8, 16.0) == 10  # Never more slots than rows.
 
 
 def test_permute_rows_backward_is_the_inverse_permutation():
@@ -232,7 +264,7 @@ def _moe_on_mesh(cfg, mesh_spec, p, x, valid):
 
 
 @pytest.mark.parametrize('mesh_spec', ['expert:4', 'fsdp:2,expert:2,tensor:2'])
-@pytest.mark.parametrize('impl', ['blocked', 'ragged'])
+@pytest.mark.parametrize('impl', ['blocked', 'ragged', 'padded'])
 def test_expert_parallel_matches_dense(mesh_spec, impl):
   p = _params(SOFTMAX)
   x = jax.random.normal(jax.random.key(10), (2, 24, SOFTMAX.d_model))
@@ -253,10 +285,11 @@ def test_expert_parallel_dropless_when_one_device_receives_everything():
   np.testing.assert_allclose(_moe_on_mesh(cfg, 'expert:4', p, x, valid), ref, atol=1e-5)
 
 
-@pytest.mark.parametrize('mesh_spec', ['expert:4', 'fsdp:2,expert:2,tensor:2'])
-def test_expert_parallel_gradients_match_dense(mesh_spec):
+@pytest.mark.parametrize('mesh_spec,impl', [('expert:4', 'blocked'), ('fsdp:2,expert:2,tensor:2', 'blocked'),
+                                             ('expert:4', 'padded')])
+def test_expert_parallel_gradients_match_dense(mesh_spec, impl):
   grad, p, x, ref = _grads_and_dense_reference(SOFTMAX, seed=12)
-  cfg = dataclasses.replace(SOFTMAX, moe_impl='blocked', ep_exchange='all_to_all')
+  cfg = dataclasses.replace(SOFTMAX, moe_impl=impl, ep_exchange='all_to_all')
   with jax.set_mesh(mesh_lib.make_mesh(mesh_spec)):
     out = jax.jit(grad(cfg))(p, x)
   for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
@@ -279,10 +312,12 @@ def test_ragged_exchange_lowers_to_the_primitive():
 
 
 @pytest.mark.parametrize('param_dtype', ['float32', 'bfloat16'])
-def test_expert_ffn_backward_keeps_its_projections_and_weight_casts_only(param_dtype):
+@pytest.mark.parametrize('slots', [0, 16])
+def test_expert_ffn_backward_keeps_its_projections_and_weight_casts_only(param_dtype, slots):
   """bf16 compute: the backward keeps, besides its arguments, the gate and up projections (M x F)
   and, from float32 parameters, the weights' bf16 casts: not the rows in expert order nor the output
-  rows (M x D each); silu(gate) * up is recomputed."""
+  rows (M x D each); silu(gate) * up is recomputed. The padded path (slots > 0, falling back to
+  `ragged`) keeps the same: its cond's branches share those residuals, not one set each."""
   cfg = dataclasses.replace(SOFTMAX, dtype='bfloat16')
   p = {k: v.astype(param_dtype) for k, v in _params(cfg).items() if k.startswith('w')}
   n, k, f = 24, 2, cfg.d_expert
@@ -291,8 +326,9 @@ def test_expert_ffn_backward_keeps_its_projections_and_weight_casts_only(param_d
   order, inverse = moe.sort_order(experts)
   sizes = jnp.bincount(experts, length=cfg.num_experts).astype(jnp.int32)
   scale = jax.random.uniform(jax.random.key(20), (n * k,))
-  ffn = lambda p, x, scale, order, inverse: moe.dispatched_ffn(p, x, k, order, inverse, sizes, 'ragged',
-                                                              scale_M=scale)
+  path = moe.ExpertPath('padded' if slots else 'ragged', fallback='ragged')
+  ffn = lambda p, x, scale, order, inverse: moe.dispatched_ffn(p, x, k, order, inverse, sizes, path,
+                                                              scale_M=scale, slots=slots)
   kept = sorted(line.split(' ')[0] for line in jaxprs.kept_residuals(ffn, p, x, scale, order, inverse))
   casts = [f'bf16[{",".join(map(str, w.shape))}]' for w in p.values()] if param_dtype == 'float32' else []
   assert kept == sorted([f'bf16[{n * k},{f}]'] * 2 + casts), kept
