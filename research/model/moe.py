@@ -231,14 +231,16 @@ def _ffn_padded(p, xs_MxD, group_sizes_E, slots: int, scale_M, fallback):
 
   # The projections leave the slots for rows: the backward keeps gate and up as M x F, the fallback's
   # layout, so the cond's two branches share those residuals instead of keeping both (+23 GiB at
-  # gpu_kernels' wide shape), for three more gathers of M x F each way.
+  # gpu_kernels' wide shape), for three more gathers of M x F each way. Gate and up are one GEMM
+  # against [W_gate W_up]: the backward's input gradient is then one GEMM too, not the sum of two
+  # E x slots x D products that XLA computed twice to fit the memory (gpu_aot, wide step).
   def padded(w, xs_MxD, scale_M):
     to_slots = lambda a: permute_rows(a, row_of_slot, slot_of_row).reshape(e, slots, -1)
     to_rows = lambda a: permute_rows(a.reshape(e * slots, -1), slot_of_row, row_of_slot)
-    x_ExCxD = to_slots(xs_MxD)
-    project = lambda name: to_rows(jnp.einsum('ecd,edf->ecf', x_ExCxD, w[name]))
-    h_MxF = _swiglu_hidden(project('wi_gate'), project('wi_up'), scale_M)
-    return to_rows(jnp.einsum('ecf,efd->ecd', to_slots(h_MxF), w['wo']))
+    w_gate_up = jnp.concatenate([w['wi_gate'], w['wi_up']], axis=-1)
+    gate_up_MxG = to_rows(jnp.einsum('ecd,edg->ecg', to_slots(xs_MxD), w_gate_up))
+    gate, up = jnp.split(gate_up_MxG, 2, axis=-1)
+    return to_rows(jnp.einsum('ecf,efd->ecd', to_slots(_swiglu_hidden(gate, up, scale_M)), w['wo']))
   return jax.lax.cond(jnp.max(group_sizes_E) <= slots, padded, fallback, w, xs_MxD, scale_M)
 
 
