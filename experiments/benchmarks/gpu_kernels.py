@@ -243,7 +243,7 @@ def train_rows(small: bool, wide: bool = False) -> list[dict]:
   cfg, rows_n, seq = _model(small, wide)
   # (optimizer, microbatches, rows in each, experts): the float32 gradient accumulator (4 bytes a
   # parameter) leaves room for 2/3 of the rows (gpu_aot for an H200: wide:4x4 127.94 GiB, wide:6x4
-  # 137.19); the padded experts' wide:6 step peaks at 129.81 GiB.
+  # 137.19); the padded experts' wide:6 step peaks at 127.81 GiB.
   runs = ([('adamw', 1, rows_n, 'auto'), ('adamw', 1, rows_n, 'padded')]
           + [('adamw', 4, rows_n * 2 // 3, 'auto')] * wide + [('muon', 1, rows_n, 'auto')])
   out = []

@@ -175,13 +175,20 @@ def _swiglu_hidden(gate, up, scale_M):
   return h if scale_M is None else h * scale_M.astype(h.dtype)[..., None]
 
 
+def _compute_weights(p, dtype) -> dict:
+  """The expert weights in the compute dtype; casts are named for the checkpoint."""
+  cast = lambda w: w if w.dtype == dtype else jax.ad_checkpoint.checkpoint_name(w.astype(dtype), 'expert_weight')
+  return {k: cast(p[k]) for k in ('wi_gate', 'wi_up', 'wo')}
+
+
 def _ffn_grouped(p, xs_MxD, grouped_dot, scale_M):
-  """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N)."""
-  def rd(x, w):
-    if w.dtype != x.dtype:
-      w = jax.ad_checkpoint.checkpoint_name(w.astype(x.dtype), 'expert_weight')
-    return grouped_dot(x, w)
-  return rd(_swiglu_hidden(rd(xs_MxD, p['wi_gate']), rd(xs_MxD, p['wi_up']), scale_M), p['wo'])
+  """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N). Gate and up are one
+  product against [W_gate W_up]: one kernel instead of two reading the rows, and in the backward one
+  input gradient instead of two to add."""
+  w = _compute_weights(p, xs_MxD.dtype)
+  gate_up_MxG = grouped_dot(xs_MxD, jnp.concatenate([w['wi_gate'], w['wi_up']], axis=-1))
+  gate, up = jnp.split(gate_up_MxG, 2, axis=-1)
+  return grouped_dot(_swiglu_hidden(gate, up, scale_M), w['wo'])
 
 
 def _ffn_blocked(p, xs_MxD, group_sizes_E, block: int, scale_M):
@@ -225,22 +232,16 @@ def _ffn_padded(p, xs_MxD, group_sizes_E, slots: int, scale_M, fallback):
   expert_M = jnp.minimum(jnp.searchsorted(end_E, row_M, side='right'), e - 1)
   slot_of_row = jnp.where(row_M < end_E[-1], expert_M * slots + row_M - start_E[expert_M], e * slots)
   # Cast once, outside the cond: each branch's own cast would be a residual of its own.
-  w = {k: p[k] if p[k].dtype == xs_MxD.dtype else
-       jax.ad_checkpoint.checkpoint_name(p[k].astype(xs_MxD.dtype), 'expert_weight')
-       for k in ('wi_gate', 'wi_up', 'wo')}
+  w = _compute_weights(p, xs_MxD.dtype)
 
-  # The projections leave the slots for rows: the backward keeps gate and up as M x F, the fallback's
+  # Each product takes rows and gives rows: the backward keeps gate and up as M x F, the fallback's
   # layout, so the cond's two branches share those residuals instead of keeping both (+23 GiB at
-  # gpu_kernels' wide shape), for three more gathers of M x F each way. Gate and up are one GEMM
-  # against [W_gate W_up]: the backward's input gradient is then one GEMM too, not the sum of two
-  # E x slots x D products that XLA computed twice to fit the memory (gpu_aot, wide step).
-  def padded(w, xs_MxD, scale_M):
-    to_slots = lambda a: permute_rows(a, row_of_slot, slot_of_row).reshape(e, slots, -1)
-    to_rows = lambda a: permute_rows(a.reshape(e * slots, -1), slot_of_row, row_of_slot)
-    w_gate_up = jnp.concatenate([w['wi_gate'], w['wi_up']], axis=-1)
-    gate_up_MxG = to_rows(jnp.einsum('ecd,edg->ecg', to_slots(xs_MxD), w_gate_up))
-    gate, up = jnp.split(gate_up_MxG, 2, axis=-1)
-    return to_rows(jnp.einsum('ecf,efd->ecd', to_slots(_swiglu_hidden(gate, up, scale_M)), w['wo']))
+  # gpu_kernels' wide shape), for three more gathers of M x F each way.
+  def slotted_dot(x_MxK, w_ExKxN):
+    x_ExCxK = permute_rows(x_MxK, row_of_slot, slot_of_row).reshape(e, slots, -1)
+    y_ExCxN = jnp.einsum('eck,ekn->ecn', x_ExCxK, w_ExKxN)
+    return permute_rows(y_ExCxN.reshape(e * slots, -1), slot_of_row, row_of_slot)
+  padded = lambda w, xs_MxD, scale_M: _ffn_grouped(w, xs_MxD, slotted_dot, scale_M)
   return jax.lax.cond(jnp.max(group_sizes_E) <= slots, padded, fallback, w, xs_MxD, scale_M)
 
 
