@@ -181,13 +181,17 @@ def _compute_weights(p, dtype) -> dict:
   return {k: cast(p[k]) for k in ('wi_gate', 'wi_up', 'wo')}
 
 
-def _ffn_grouped(p, xs_MxD, grouped_dot, scale_M):
-  """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N). Gate and up are one
-  product against [W_gate W_up]: one kernel instead of two reading the rows, and in the backward one
-  input gradient instead of two to add."""
+def _ffn_grouped(p, xs_MxD, grouped_dot, scale_M, fuse_gate_up: bool = False):
+  """SwiGLU through a grouped matmul grouped_dot(rows, weights E x K x N). fuse_gate_up: gate and up
+  as one product against [W_gate W_up] (one input gradient in the backward instead of two to add),
+  for a copy of those weights and of their gradient (+36 GiB for 384 experts of Kimi K2's shape on
+  one device; gpu_aot)."""
   w = _compute_weights(p, xs_MxD.dtype)
-  gate_up_MxG = grouped_dot(xs_MxD, jnp.concatenate([w['wi_gate'], w['wi_up']], axis=-1))
-  gate, up = jnp.split(gate_up_MxG, 2, axis=-1)
+  if fuse_gate_up:
+    gate_up_MxG = grouped_dot(xs_MxD, jnp.concatenate([w['wi_gate'], w['wi_up']], axis=-1))
+    gate, up = jnp.split(gate_up_MxG, 2, axis=-1)
+  else:
+    gate, up = grouped_dot(xs_MxD, w['wi_gate']), grouped_dot(xs_MxD, w['wi_up'])
   return grouped_dot(_swiglu_hidden(gate, up, scale_M), w['wo'])
 
 
@@ -236,12 +240,14 @@ def _ffn_padded(p, xs_MxD, group_sizes_E, slots: int, scale_M, fallback):
 
   # Each product takes rows and gives rows: the backward keeps gate and up as M x F, the fallback's
   # layout, so the cond's two branches share those residuals instead of keeping both (+23 GiB at
-  # gpu_kernels' wide shape), for three more gathers of M x F each way.
+  # gpu_kernels' wide shape), for three more gathers of M x F each way. Gate and up fused: with
+  # two products XLA computed their two E x slots x D input gradients twice a layer to fit the wide
+  # step (about 50 TFLOP a step; gpu_aot).
   def slotted_dot(x_MxK, w_ExKxN):
     x_ExCxK = permute_rows(x_MxK, row_of_slot, slot_of_row).reshape(e, slots, -1)
     y_ExCxN = jnp.einsum('eck,ekn->ecn', x_ExCxK, w_ExKxN)
     return permute_rows(y_ExCxN.reshape(e * slots, -1), slot_of_row, row_of_slot)
-  padded = lambda w, xs_MxD, scale_M: _ffn_grouped(w, xs_MxD, slotted_dot, scale_M)
+  padded = lambda w, xs_MxD, scale_M: _ffn_grouped(w, xs_MxD, slotted_dot, scale_M, fuse_gate_up=True)
   return jax.lax.cond(jnp.max(group_sizes_E) <= slots, padded, fallback, w, xs_MxD, scale_M)
 
 
@@ -250,16 +256,23 @@ def grouped_ffn(p, xs_MxD, group_sizes_E, path: ExpertPath, scale_M=None, slots:
   """SwiGLU experts over rows sorted by expert (group_sizes_E rows each, the rest ignored); row m's
   hidden units (so its output) scaled by scale_M[m] if given. slots: the padded path's slots per
   expert (0: sized for the M rows given, all real; expert parallelism's buffers are not)."""
-  if path.impl == 'padded':
-    fallback = lambda w, xs, scale: grouped_ffn(w, xs, group_sizes_E, path._replace(impl=path.fallback), scale)
-    slots = slots or capacity(xs_MxD.shape[0], group_sizes_E.shape[0], path.capacity_factor)
-    return _ffn_padded(p, xs_MxD, group_sizes_E, slots, scale_M, fallback)
-  if path.impl == 'ragged':
-    return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E), scale_M)
-  if path.impl == 'tokamax':
-    return _ffn_grouped(p, xs_MxD, lambda x, w: kernels.ragged_dot(x, w, group_sizes_E), scale_M)
-  return _ffn_blocked(p, xs_MxD, group_sizes_E,
-                      block_size(xs_MxD.shape[0], group_sizes_E.shape[0], path.block), scale_M)
+  if path.impl != 'padded':
+    return _grouped(p, xs_MxD, group_sizes_E, path.impl, path.block, scale_M)
+  # The fallback fuses gate and up too: branches of one shape share XLA's buffers (384 experts of
+  # Kimi K2's shape on one device: 132.9 GiB fused both, 155.9 with the fallback's two products).
+  fallback = lambda w, xs, scale: _grouped(w, xs, group_sizes_E, path.fallback, path.block, scale,
+                                           fuse_gate_up=True)
+  slots = slots or capacity(xs_MxD.shape[0], group_sizes_E.shape[0], path.capacity_factor)
+  return _ffn_padded(p, xs_MxD, group_sizes_E, slots, scale_M, fallback)
+
+
+def _grouped(p, xs_MxD, group_sizes_E, impl: str, block: int, scale_M, fuse_gate_up: bool = False):
+  if impl == 'ragged':
+    return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E), scale_M, fuse_gate_up)
+  if impl == 'tokamax':
+    return _ffn_grouped(p, xs_MxD, lambda x, w: kernels.ragged_dot(x, w, group_sizes_E), scale_M, fuse_gate_up)
+  return _ffn_blocked(p, xs_MxD, group_sizes_E, block_size(xs_MxD.shape[0], group_sizes_E.shape[0], block),
+                      scale_M)
 
 
 def dispatched_ffn(p, src_SxD, repeats: int, perm_M, inverse_M, group_sizes_E, path: ExpertPath,
