@@ -144,6 +144,7 @@ def test_gpu_benchmark_runs_small_on_cpu(part):
       assert row['seconds'] > 0, row
     if row['name'].startswith('train_step'):
       assert row['profile']['components']['experts'], row['profile']
+      assert row['router_max_load'] >= 1, row
   if part == 'train_wide':
     assert [(r['microbatches'], r['experts']) for r in rows] == [(1, 'blocked'), (1, 'padded'), (4, 'blocked'),
                                                                  (1, 'blocked')]
