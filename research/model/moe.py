@@ -239,7 +239,7 @@ def _ffn_padded(p, xs_MxD, group_sizes_E, slots: int, scale_M, fallback):
   w = _compute_weights(p, xs_MxD.dtype)
 
   # Each product takes rows and gives rows: the backward keeps gate and up as M x F, the fallback's
-  # layout, so the cond's two branches share those residuals instead of keeping both (+23 GiB at
+  # layout, so the cond's two branches share those residuals instead of keeping both (+13 GiB at
   # gpu_kernels' wide shape), for three more gathers of M x F each way. Gate and up fused: with
   # two products XLA computed their two E x slots x D input gradients twice a layer to fit the wide
   # step (about 50 TFLOP a step; gpu_aot).
@@ -267,6 +267,7 @@ def grouped_ffn(p, xs_MxD, group_sizes_E, path: ExpertPath, scale_M=None, slots:
 
 
 def _grouped(p, xs_MxD, group_sizes_E, impl: str, block: int, scale_M, fuse_gate_up: bool = False):
+  """grouped_ffn on one of the grouped paths (ragged, tokamax, blocked: it never fuses)."""
   if impl == 'ragged':
     return _ffn_grouped(p, xs_MxD, lambda x, w: jax.lax.ragged_dot(x, w, group_sizes_E), scale_M, fuse_gate_up)
   if impl == 'tokamax':
