@@ -49,7 +49,7 @@ def main():
   ap.add_argument('--d_model', type=int, default=256)
   ap.add_argument('--d_expert', type=int, default=128)
   ap.add_argument('--top_k', type=int, default=2)
-  ap.add_argument('--impls', default='dense,ragged,blocked')
+  ap.add_argument('--impls', default='dense,ragged,blocked,padded')
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--dtype', default='float32', help='activations and weights')
   ap.add_argument('--json', default=None)
