@@ -21,7 +21,9 @@ runs. Compiling kernels needs libdevice (nvidia-cuda-nvcc-cu12, or a CUDA toolki
           tokamax's Triton kernels (tokamax's cross-compile option: no GPU to ask): how many Triton
           kernel calls the compiled program holds (`kernel_calls`; 0 would mean a silent XLA
           fallback). Its Mosaic GPU kernels ask the device for its compute capability, so they
-          cannot be built without one.
+          cannot be built without one. The one-GPU layer again with `moe_impl='padded'` (tokamax
+          as its fallback): its expert GEMMs are XLA's own, batched over experts (`batched_gemms`:
+          dots with one batch dimension).
   train   (only with --train_step=base:ROWS or wide:ROWS[xMICRO]; a minute on 2 cores) gpu_kernels' `train`
           step of that shape with AdamW on one GPU, the state donated: its memory_analysis() says
           whether ROWS x 4,096 tokens fit a device before a GPU run tries (`peak_bytes`).
@@ -104,6 +106,7 @@ def moe_programs(devices):
 
 
 TRITON_CALL = 'custom_call_target="__gpu$xla.gpu.triton"'
+BATCHED_DOT = re.compile(r' dot\([^)]*\), lhs_batch_dims=\{0\}, ')  # One batch dimension: E x slots x K.
 SCATTER = re.compile(r'= (\w+\[[\d,]*\])\{[^}]*\} scatter\(')
 
 
@@ -123,16 +126,18 @@ def kernel_programs(devices):
   big = dataclasses.replace(cfg, d_model=2048, num_experts=64, num_experts_per_tok=8, d_expert=768)
   p_big = jax.eval_shape(lambda: materialize(moe.moe_specs(big), jax.random.key(0), jnp.bfloat16))
   x_big = jax.ShapeDtypeStruct((2, 4096, big.d_model), jnp.bfloat16)
-  loss_big = lambda p, x, v: jnp.sum(moe.moe(p, x, v, big)[0].astype(jnp.float32))
+  loss_big = lambda p, x, v, c=big: jnp.sum(moe.moe(p, x, v, c)[0].astype(jnp.float32))
+  padded = dataclasses.replace(big, moe_impl='padded', moe_fallback_impl='tokamax')
   with tokamax.config.cross_compile(True):
     with jax.set_mesh(mesh_lib.make_mesh('expert:8', devices)):
       yield 'kernels_moe_ep_expert:8', jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
           p, x, valid).compile()
-    with jax.set_mesh(mesh_lib.make_mesh('expert:1', devices[:1])):
-      yield 'kernels_moe_1gpu_train_shape', jax.jit(
-          jax.value_and_grad(loss_big, argnums=(0, 1)), in_shardings=(one,) * 3,
-          out_shardings=(one, (jax.tree.map(lambda _: one, p_big), one))).lower(
-              p_big, x_big, jax.ShapeDtypeStruct((2, 4096), jnp.bool_)).compile()
+    for suffix, c in (('', big), ('_padded', padded)):
+      with jax.set_mesh(mesh_lib.make_mesh('expert:1', devices[:1])):
+        yield f'kernels_moe_1gpu_train_shape{suffix}', jax.jit(
+            jax.value_and_grad(functools.partial(loss_big, c=c), argnums=(0, 1)), in_shardings=(one,) * 3,
+            out_shardings=(one, (jax.tree.map(lambda _: one, p_big), one))).lower(
+                p_big, x_big, jax.ShapeDtypeStruct((2, 4096), jnp.bool_)).compile()
     for name, (h, kh, dq, dv) in {'gqa': (8, 2, 128, 128), 'mla': (8, 8, 192, 128)}.items():
       shapes = [jax.ShapeDtypeStruct((2, 512, n, d), jnp.bfloat16) for n, d in ((h, dq), (kh, dq), (kh, dv))]
       attend = lambda q, k, v, dq=dq: jnp.sum(
@@ -209,11 +214,12 @@ def main():
     hlo_file.write_text(hlo)
     r = result[name] = dict(hlo_stats.schedule(hlo), ops=hlo_stats.collective_ops(hlo),
                             collective_bytes_per_device=hlo_stats.collective_bytes(hlo), hlo=str(hlo_file),
-                            kernel_calls=hlo.count(TRITON_CALL), scatters=SCATTER.findall(hlo),
+                            kernel_calls=hlo.count(TRITON_CALL), batched_gemms=len(BATCHED_DOT.findall(hlo)),
+                            scatters=SCATTER.findall(hlo),
                             **_memory(compiled.memory_analysis()))
     print(f'{name}: {r["ops"]}; {r["async"]} async pairs, {r["async_overlapped"]} with matmuls '
           f'between start and done; {r["collective_bytes_per_device"] / 2**20:.2f} MiB sent per device; '
-          f'{r["kernel_calls"]} Triton kernel calls; scatters {r["scatters"]}; '
+          f'{r["kernel_calls"]} Triton kernel calls; {r["batched_gemms"]} batched GEMMs; scatters {r["scatters"]}; '
           f'{r["temp_bytes"] / 2**20:.1f} MiB scratch, peak {r["peak_bytes"] / 2**30:.2f} GiB')
   print('(ragged-all-to-all bytes depend on the routing and are not counted)')
   stem.write_text(json.dumps(result, indent=2))
