@@ -222,10 +222,11 @@ def _train_step_row(name: str, trainer: step_lib.Trainer, batch: dict, box: list
              experts=moe.resolve_impl(cfg.moe_impl))
   if 'seconds' in row:
     row['mfu'] = per_step / row['seconds'] / (flops_lib.peak_flops() or float('nan'))
+    metrics = []  # The profiled steps' own.
+    row['profile'] = _profile(program, lambda: metrics.append(jax.block_until_ready(run(batch, jax.random.key(1)))[1]))
     # The largest expert group over the mean (any layer): above moe_capacity_factor, the padded
     # path's layer fell back.
-    row['router_max_load'] = float(run(batch, jax.random.key(1))[1]['router_max_load'])
-    row['profile'] = _profile(program, lambda: jax.block_until_ready(run(batch, jax.random.key(1))))
+    row['router_max_load'] = float(metrics[-1]['router_max_load']) if metrics else None
   return row
 
 
