@@ -223,7 +223,8 @@ def _train_step_row(name: str, trainer: step_lib.Trainer, batch: dict, box: list
   if 'seconds' in row:
     row['mfu'] = per_step / row['seconds'] / (flops_lib.peak_flops() or float('nan'))
     metrics = []  # The profiled steps' own.
-    row['profile'] = _profile(program, lambda: metrics.append(jax.block_until_ready(run(batch, jax.random.key(1)))[1]))
+    step = lambda: metrics.append(jax.block_until_ready(run(batch, jax.random.key(1)))[1])
+    row['profile'] = _profile(program, step)
     # The largest expert group over the mean (any layer): above moe_capacity_factor, the padded
     # path's layer fell back.
     row['router_max_load'] = float(metrics[-1]['router_max_load']) if metrics else None
