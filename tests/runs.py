@@ -40,8 +40,9 @@ def flags(**overrides) -> list[str]:
 def env(devices: int = 8, cache_dir: str | None = None) -> dict:
   """A subprocess environment with `devices` CPU devices and a shared compilation cache."""
   e = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-           XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} '
-                     '--xla_backend_optimization_level=0')  # As tests/conftest.py.
+           XLA_FLAGS=' '.join([f'--xla_force_host_platform_device_count={devices}'] + [
+               f for f in os.environ['XLA_FLAGS'].split()  # conftest.py's compile flags.
+               if not f.startswith('--xla_force_host_platform_device_count')]))
   if cache_dir:
     e.update(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
