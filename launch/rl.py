@@ -9,30 +9,24 @@ Multi-host as launch.train (one command per process; docs/cluster.md): --coordin
 Every process steps every episode (the same rollouts); the update, sampler and teacher are sharded.
 """
 
-import math
 import os
 
 from absl import app, flags, logging
 import jax
 from ml_collections import config_flags
 
-from research.parallel import distributed
-from research.parallel import mesh as mesh_lib
+from launch import processes
 from research.rl import loop, report
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics.jsonl, checkpoints and the plot.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Keep the console to the progress bars and the table.
-  if not distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value):
-    distributed.simulate_cpu_devices(math.prod(mesh_lib.parse_mesh_spec(_CONFIG.value.mesh).values()))
+  processes.start(_CONFIG.value.mesh)
   wd = _WORKDIR.value
   summary = loop.run(_CONFIG.value, wd)
   if jax.process_index():

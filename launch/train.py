@@ -8,27 +8,20 @@ Multi-host (one command per process; docs/cluster.md): add --coordinator_address
 JAX_PROCESS_ID; under SLURM, Open MPI or on a Cloud TPU slice JAX finds them itself.
 """
 
-import math
-
 from absl import app, flags
 from ml_collections import config_flags
 
-from research.parallel import distributed
-from research.parallel import mesh as mesh_lib
+from launch import processes
 from research.train import loop
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics, TensorBoard and checkpoints.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
   del argv
-  if not distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value):
-    distributed.simulate_cpu_devices(math.prod(mesh_lib.parse_mesh_spec(_CONFIG.value.mesh).values()))
+  processes.start(_CONFIG.value.mesh)
   rows = [r for r in loop.train(_CONFIG.value, _WORKDIR.value) if 'loss' in r]
   if not rows:
     print(f'no step logged: {_WORKDIR.value} already holds the final step, or the run stopped first')
