@@ -66,6 +66,9 @@ MODELS = {
         'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 4.0, 'original_max_position_embeddings': 64}),
 }
 
+# Generation and the fused layout: checked once per family (the module's fixture is shared).
+ONE_PER_FAMILY = pytest.mark.parametrize('case', ['qwen3_moe', 'deepseek_v3_q_lora'], indirect=True)
+
 
 def _batch(vocab, seed=0):
   """Random tokens; rows 1 and 3 right-padded, row 2 left-padded."""
@@ -120,10 +123,9 @@ def test_import_logits_match(case):
   assert diff <= TOL
 
 
+@ONE_PER_FAMILY
 def test_greedy_generation_matches(case):
   name, model, _, cfg, params = case
-  if name not in ('qwen3_moe', 'deepseek_v3_q_lora'):
-    pytest.skip('generation is checked once per family')
   tokens, mask = _batch(cfg.vocab_size, seed=1)
   mask[:, 5:] = True  # generate() continues after the last prompt token: left padding only.
   mask[3, :3] = False
@@ -160,21 +162,19 @@ def _fused_folder(model, root):
   return str(path)
 
 
+@ONE_PER_FAMILY
 def test_fused_layout_import(case):
   """transformers 5's fused gate_up_proj / down_proj checkpoints import to the same params."""
   name, model, root, cfg, params = case
-  if name not in ('qwen3_moe', 'deepseek_v3_q_lora'):
-    pytest.skip('the fused layout is checked once per family')
   convert.hf_to_orbax(_fused_folder(model, root), str(root / 'ckpt_fused'))
   fused, _ = convert.load_params(str(root / 'ckpt_fused'))
   jax.tree.map(np.testing.assert_array_equal, fused, params)
 
 
+@pytest.mark.parametrize('case', ['deepseek_v3_q_lora'], indirect=True)  # One model is enough.
 def test_load_onto_mesh(case):
   """Both mesh paths (orbax checkpoint, straight from the HF folder) give training's shardings."""
   name, model, root, cfg, params = case
-  if name != 'deepseek_v3_q_lora':
-    pytest.skip('one model is enough for the sharding paths')
   mesh = mesh_lib.make_mesh('fsdp:2,expert:4')
   want = convert.param_targets(cfg, mesh)
   from_ckpt, _ = convert.load_params(str(root / 'ckpt'), mesh=mesh)
