@@ -466,7 +466,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
                    f'{run.outcomes.get(broken[0], "missing")}')
   failed = collections.Counter(
       str(t.site) for t in planted if run.outcomes.get(t.nodeid) == twins.FAILED)
-  verified = sorted(site for site, n in failed.items() if n == 2)
+  verified = twins.strongest(planted, {site for site, n in failed.items() if n == 2})
   if not verified:
     raise Rejected('no_twin', f'none of {len(sites)} candidate twins failed on the original '
                    'twice')

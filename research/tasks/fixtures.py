@@ -193,6 +193,11 @@ def test_title_case():
   assert core.title_case('the lord OF the rings') == 'The Lord of the Rings'
 
 
+def test_title_case_is_stable():
+  titled = core.title_case('a tale OF two cities')
+  assert core.title_case(titled) == titled
+
+
 def test_wrap():
   assert core.wrap('a bb ccc dddd', 6) == ['a bb', 'ccc', 'dddd']
 

@@ -40,6 +40,19 @@ def _watched():
           'os': (vars(os), ('write', '_exit', 'getpid')), 'sys': (vars(sys), ('exit',))}
 
 
+def _hide_current_test():
+  """pytest names the running test in the environment (PYTEST_CURRENT_TEST); with the graded test
+  file, code under test could tell a twin from the test it copies by that name (a case appended to
+  positional ids, a value twin's line). Replaced before the snapshot, so that putting pytest's
+  function back is caught like any patch of _pytest.runner."""
+  import _pytest.runner
+
+  def update(item, when):
+    del item, when
+    os.environ.pop('PYTEST_CURRENT_TEST', None)
+  _pytest.runner._update_current_test_var = update  # pylint: disable=protected-access
+
+
 def _snapshot(namespaces):
   """(owner, name, namespace, object) for callables: identity, not equality, is compared."""
   return [(owner, name, space, space[name]) for owner, (space, names) in namespaces.items()
@@ -213,6 +226,7 @@ def main():
   reporter = Reporter(fd, job['tree'], job['test_dirs'], cov)
   reporter.emit('runner_start', pid=os.getpid())
   import pytest
+  _hide_current_test()
   reporter.watch(_watched())
   if cov is not None:
     cov.start()

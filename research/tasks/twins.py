@@ -4,12 +4,14 @@ A twin copies one required test (F2P or P2P) and changes what it expects at one 
 the literal (or the literal a local name or a parametrize argument is bound to) on the expected
 side of an `assert a == b`, `assert a is None/True/False` or `self.assertEqual(a, b)`; where
 neither side of `a == b` is a literal, a constant inside one side (the right first) with a seed the
-factory verified; any other assert is negated, any other unittest assertion becomes its opposite (assertTrue/assertFalse, ...);
-a `with pytest.raises(...)` or `with self.assertRaises(...)` block loses its wrapper. Correct code
-gives the same compared value as in the original test, which equals the original expectation; the
-twin's expectation differs from that, so with builtin equality (transitive) the twin must fail.
-The factory checks this by running the original against two twins per point and keeps the points
-where both failed.
+factory verified; where neither side has a constant either, the compared values themselves, at
+run time (a value twin: the test, also requiring that some compared side equal a changed copy of a
+side, value_twin.py; seeded as well); any other assert is negated, any other unittest assertion
+becomes its opposite (assertTrue/assertFalse, ...); a `with pytest.raises(...)` or
+`with self.assertRaises(...)` block loses its wrapper. Correct code gives the same compared value
+as in the original test, which equals the original expectation; the twin's expectation differs
+from that, so with builtin equality (transitive) the twin must fail. The factory checks this by
+running the original against two twins per point and keeps the points where both failed.
 
 A twin looks like any other test: an extra parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
@@ -25,11 +27,14 @@ import builtins
 import collections
 import dataclasses
 import functools
+import inspect
 from pathlib import Path
 import random
 import re
 import string
 import typing
+
+from research.tasks import value_twin
 
 MIN_TWINS = 2
 FAILED = 'failed'
@@ -54,7 +59,8 @@ class TwinError(ValueError):
 
 
 class _NeedsSeed(TwinError):
-  """An expression site planted without a seed: candidate_sites then tries seeded variants."""
+  """An expression or value site planted without a seed: candidate_sites then tries seeded
+  variants."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +86,20 @@ class Site:
     return self.test.split('::', 1)[0]
 
 
+# What a twin changes: a parametrize case's expected value, a literal (or None/True/False), a
+# constant inside an expression side, the compared values at run time (value_twin.py); or it
+# negates the assertion, or drops a raises block.
+KINDS = ('case', 'literal', 'expression', 'value', 'negated', 'raises')
+# Kinds a value forger (a result equal to everything) passes beside its original; every kind
+# catches blanket forcing, so a negated or raises twin adds nothing where a test has one of these.
+CATCH_VALUES = frozenset({'case', 'literal', 'expression', 'value'})
+
+
 class Twin(typing.NamedTuple):
-  """A twin planted for one grading: its node id, and the site of the test it copies."""
+  """A twin planted for one grading: its node id, the site of the test it copies, its kind."""
   nodeid: str
   site: Site
+  kind: str  # One of KINDS.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,8 +432,9 @@ def _unwrap(src: _Source, node: ast.With) -> Edit:
 
 
 def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site,
-              vocab: list[str], rng: random.Random) -> Edit:
-  """The edit that turns the test (or, for a parametrized test, its case) into a twin."""
+              vocab: list[str], rng: random.Random, helper: '_Helper') -> tuple[str, Edit]:
+  """The kind of twin, and the edit that turns the test (or, for a parametrized test, its case)
+  into it."""
   points = _points(test.func)
   point = site.point
   if not 0 <= point < len(points):
@@ -426,23 +443,33 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site
   if isinstance(node, ast.With):
     if case is not None or not _is_raises(node):
       raise TwinError(f'point {point} of {test.func.name} is not a pytest.raises block')
-    return _unwrap(src, node)
+    return 'raises', _unwrap(src, node)
   if isinstance(node, ast.Call):
     if case is not None:
       raise TwinError(f'point {point} of {test.func.name}: a unittest assertion in a case')
-    return _unittest_mutation(src, test.func, node, vocab, rng)
+    return _unittest_mutation(src, test.func, node, site, vocab, rng, helper)
   found = _expected(node.test)
   if case is not None:
     cases = _parametrize(test)
     if not found or not isinstance(found[0], ast.Name) or found[0].id not in cases.argnames:
       raise TwinError(f'point {point} of {test.func.name} compares with no parameter')
-    return _change(src, case[cases.argnames.index(found[0].id)], found[1], vocab, rng)
+    return 'case', _change(src, case[cases.argnames.index(found[0].id)], found[1], vocab, rng)
   literal = _resolve(test.func, found[0]) if found else None
   if literal is not None:
-    return _change(src, literal, found[1], vocab, rng)
+    return 'literal', _change(src, literal, found[1], vocab, rng)
   if _expression_sides(node.test):
-    return _expression_change(src, node.test, site, vocab)
-  return _negate(src, node.test)
+    return 'expression', _expression_change(src, node.test, site, vocab)
+  if _equality(node.test):
+    return 'value', (*src.span(node.test),
+                     _value_call(src, *_equality(node.test), site, helper))
+  return 'negated', _negate(src, node.test)
+
+
+def _equality(test: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+  """The sides of `a == b`."""
+  if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+    return test.left, test.comparators[0]
+  return None
 
 
 def _expression_sides(test: ast.expr) -> list[ast.expr]:
@@ -452,10 +479,27 @@ def _expression_sides(test: ast.expr) -> list[ast.expr]:
   anything, code that returns what the caller's assert expects) pass the twin; a negated assert
   would not tell them from correct code.
   """
-  if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-    return []
-  sides = (test.comparators[0], test.left)
-  return [side for side in sides if any(_leaves(n) for n in ast.walk(side) if _literal(n))]
+  sides = _equality(test)
+  return [side for side in sides[::-1] if any(_leaves(n) for n in ast.walk(side) if _literal(n))
+          ] if sides else []
+
+
+# Sides that are no call argument as written (a bare tuple, generator, yield or walrus).
+_NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.NamedExpr)
+
+
+def _value_call(src: _Source, left: ast.expr, right: ast.expr, site: Site,
+                helper: '_Helper') -> str:
+  """`a == b` as a call of the module's value_twin.changed_equal, with the site's seed.
+
+  Seeded, like an expression site, so that the twin graded is the one the factory ran: builtin
+  equality makes every seed fail correct code, but a site's own types may compare otherwise.
+  """
+  if site.seed is None:
+    raise _NeedsSeed(f'{site}: a value site needs a verified seed')
+  args = [f'({src.segment(side)})' if isinstance(side, _NOT_ARGUMENT) else src.segment(side)
+          for side in (left, right)]
+  return f'{helper()}({args[0]}, {args[1]}, {site.seed})'
 
 
 def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[str]) -> Edit:
@@ -474,22 +518,43 @@ def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[
   return (*src.span(leaf), _constant_source(_mutate(value, vocab, rng), src.segment(leaf)))
 
 
+def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]:
+  """A value twin's first and last statements: the helper's count of forged equalities set to 0,
+  and asserted at the end (a test that returns before its end then passes its twin, and the
+  factory drops the site)."""
+  first = func.body[0]
+  line = src.lines[first.lineno - 1]
+  indent = line[:len(line) - len(line.lstrip())]
+  if len(indent.encode()) != first.col_offset:
+    raise TwinError(f'{func.name}: body on its def line')
+  end = src.starts[func.end_lineno]
+  newline = '' if src.text[end - 1] == '\n' else '\n'
+  return [(src.starts[first.lineno - 1], src.starts[first.lineno - 1],
+           f'{indent}{helper()}.forged = 0\n'),
+          (end, end, f'{newline}{indent}assert {helper()}.forged\n')]
+
+
 def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
   """The literal an expected side stands for (itself, or what a local is bound to), if any."""
   literal = _bound_once(func, side.id) if isinstance(side, ast.Name) else side
   return literal if literal is not None and _leaves(literal) else None
 
 
-def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, vocab: list[str],
-                       rng: random.Random) -> Edit:
-  """`self.assertEqual(a, <literal>)` gets another literal; any other assertion its negation."""
+def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, site: Site, vocab: list[str],
+                       rng: random.Random, helper: '_Helper') -> tuple[str, Edit]:
+  """`self.assertEqual(a, <literal>)` gets another literal, `self.assertEqual(a, b)` becomes
+  `self.assertTrue(<value twin of a == b>)`; any other assertion its negation."""
+  end = src.span(node.func)[1]
   if node.func.attr == 'assertEqual' and len(node.args) >= 2:
-    found = _expected(ast.Compare(node.args[0], [ast.Eq()], [node.args[1]]))
+    first, second = node.args[:2]
+    found = _expected(ast.Compare(first, [ast.Eq()], [second]))
     literal = _resolve(func, found[0]) if found else None
     if literal is not None:
-      return _change(src, literal, False, vocab, rng)
-  end = src.span(node.func)[1]
-  return end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr]
+      return 'literal', _change(src, literal, False, vocab, rng)
+    call = _value_call(src, first, second, site, helper)
+    return 'value', (end - len(node.func.attr), src.span(second)[1],
+                     'assertTrue' + src.text[end:src.span(first)[0]] + call)
+  return 'negated', (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
 
 
 def _vocabulary(module: ast.Module) -> list[str]:
@@ -504,14 +569,15 @@ def _vocabulary(module: ast.Module) -> list[str]:
                 and not w.startswith('assert'))
 
 
-def _fresh_name(base: str, vocab: list[str], taken: set[str], rng: random.Random) -> str:
+def _fresh_name(base: str, vocab: list[str], taken: set[str], rng: random.Random,
+                prefix: str = 'test_') -> str:
   stem = [w for w in base.split('_') if w and w != 'test'] or ['case']
   for _ in range(200):
     words = stem[:rng.randint(1, len(stem))] + rng.sample(vocab, min(len(vocab), rng.randint(1, 2)))
-    name = 'test_' + '_'.join(dict.fromkeys(words))
+    name = prefix + '_'.join(dict.fromkeys(words))
     if name not in taken:
       return name
-  raise TwinError(f'no fresh test name near {base}')
+  raise TwinError(f'no fresh name near {base}')
 
 
 def _binds(stmt: ast.stmt) -> set[str]:
@@ -546,9 +612,9 @@ def _insertion(src: _Source, module: ast.Module, test: _Test,
   return src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1], sep, False
 
 
-def _function_twin(src: _Source, module: ast.Module, test: _Test, name: str, edit: Edit,
+def _function_twin(src: _Source, module: ast.Module, test: _Test, name: str, edits: list[Edit],
                    rng: random.Random) -> Edit:
-  """The test function copied under `name` with `edit` applied, as an insertion."""
+  """The test function copied under `name` with `edits` applied, as an insertion."""
   func = test.func
   start = src.starts[min([d.lineno for d in func.decorator_list] + [func.lineno]) - 1]
   end = src.starts[func.end_lineno]
@@ -558,7 +624,7 @@ def _function_twin(src: _Source, module: ast.Module, test: _Test, name: str, edi
     raise TwinError(f'{func.name}: name not on its def line')
   rename = (src.starts[func.lineno - 1] + found.start(1),
             src.starts[func.lineno - 1] + found.end(1), name)
-  text = _apply(src.text[start:end], [edit, rename], start)
+  text = _apply(src.text[start:end], [*edits, rename], start)
   at, sep, at_end = _insertion(src, module, test, rng)
   body = text.rstrip('\n') + '\n'
   return at, at, (sep + body) if at_end else (body + sep)
@@ -583,7 +649,7 @@ def _case_insertion(src: _Source, container: ast.List | ast.Tuple, k: int, case:
 
 
 def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
-                rng: random.Random) -> tuple[list[Edit], list[Twin]]:
+                rng: random.Random, helper: '_Helper') -> tuple[list[Edit], list[Twin]]:
   """Extra cases in one case list (a test's own, or a constant tests share).
 
   Ids stay those pytest gives: old ids never move, and new ones are predicted.
@@ -604,7 +670,7 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
       raise TwinError(f'no case {case_id!r} in {test.func.name}')
     k = ids.index(case_id)
     for _ in range(20):
-      edit = _mutation(src, test, cases.values[k], site, vocab, rng)
+      kind, edit = _mutation(src, test, cases.values[k], site, vocab, rng, helper)
       text = _apply(src.segment(cases.container.elts[k]), [edit],
                     src.span(cases.container.elts[k])[0])
       new_id = _case_id(cases.case_values(text), cases.argnames, n + j)
@@ -615,7 +681,7 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
     used.add(new_id)
     edits.append(_case_insertion(src, cases.container, rng.randint(0, n) if primitive else n,
                                  text))
-    twins.append(Twin(f'{test.prefix}{test.func.name}[{new_id}]', site))
+    twins.append(Twin(f'{test.prefix}{test.func.name}[{new_id}]', site, kind))
   return edits, twins
 
 
@@ -635,9 +701,34 @@ class _Module:
     return cls(_Source(text), tree, _vocabulary(tree), taken)
 
 
+@dataclasses.dataclass
+class _Helper:
+  """The module's copy of value_twin.changed_equal, named (freshly) when a twin first calls it."""
+  mod: _Module
+  rng: random.Random
+  name: str | None = None
+
+  def __call__(self) -> str:
+    if self.name is None:
+      self.name = _fresh_name('same', self.mod.vocab, self.mod.taken, self.rng, prefix='_')
+      self.mod.taken.add(self.name)
+    return self.name
+
+  def definition(self) -> Edit:
+    """Its source, before a random function or class of the module (twins call it at run time,
+    when the whole module is defined)."""
+    source = re.sub(r'\bchanged_equal\b', self.name, inspect.getsource(value_twin.changed_equal))
+    stmt = self.rng.choice([s for s in self.mod.tree.body if isinstance(
+        s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
+    at = self.mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
+    return at, at, source + '\n\n'
+
+
 def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edit], list[Twin]]:
-  """The insertions that plant one twin per site into the module (names join mod.taken)."""
+  """The insertions that plant one twin per site into the module (names join mod.taken), and the
+  value-twin function where a twin calls it."""
   edits, twins, groups = [], [], {}
+  helper = _Helper(mod, rng)
   for site in sites:
     test = _locate(mod.tree, site.test)
     cases = _parametrize(test)
@@ -648,13 +739,16 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edi
       continue
     name = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
     mod.taken.add(name)
-    edit = _mutation(mod.src, test, None, site, mod.vocab, rng)
-    edits.append(_function_twin(mod.src, mod.tree, test, name, edit, rng))
-    twins.append(Twin(test.prefix + name, site))
+    kind, edit = _mutation(mod.src, test, None, site, mod.vocab, rng, helper)
+    extra = _value_bracket(mod.src, test.func, helper) if kind == 'value' else []
+    edits.append(_function_twin(mod.src, mod.tree, test, name, [edit, *extra], rng))
+    twins.append(Twin(test.prefix + name, site, kind))
   for group in groups.values():
-    more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng)
+    more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng, helper)
     edits += more_edits
     twins += more_twins
+  if helper.name is not None:
+    edits.append(helper.definition())
   return edits, twins
 
 
@@ -728,6 +822,21 @@ def _plannable(mod: _Module, site: Site, rng: random.Random) -> list[Site]:
   return []
 
 
+def strongest(planted: list[Twin], verified: set[str]) -> list[str]:
+  """The verified sites of each test, of kinds that catch value forgers when the test has some:
+  grading draws one site per test before a second, and a negated one drawn would let such a
+  forger of that test pass."""
+  by_test = collections.defaultdict(dict)
+  for t in planted:
+    if str(t.site) in verified:
+      by_test[t.site.test][str(t.site)] = t.kind
+  keep = []
+  for kinds in by_test.values():
+    strong = [s for s, k in kinds.items() if k in CATCH_VALUES]
+    keep += strong or list(kinds)
+  return sorted(keep)
+
+
 def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random) -> list[Site]:
   """The sites of one grading's twins: F2P ones first (they run the solution's code), then P2P,
   at least MIN_TWINS (repeating sites when there are fewer), at most `cap`."""
@@ -773,5 +882,5 @@ def check(twins: list[Twin], outcomes: dict[str, str], finished: bool) -> list[s
       continue
     if outcome != 'missing' and outcomes.get(t.site.test) != PASSED:
       continue
-    flags.append(f'mutant twin {outcome}: {t.nodeid} (copy of {t.site})')
+    flags.append(f'mutant twin {outcome}: {t.nodeid} ({t.kind} copy of {t.site})')
   return flags

@@ -253,10 +253,20 @@ def test_accounting_flags_duplicates_uncollected_and_unchecked_tests():
                       'x reported but never collected']
 
 
-def test_unittest_subtests_count_toward_their_test(tmp_path):
+def _run_one(tmp_path, name, text):
+  """pytest through the runner on a tree holding one test file."""
   tree = tmp_path / 'tree'
   tree.mkdir()
-  (tree / 'test_sub.py').write_text(
+  (tree / name).write_text(text)
+  (tmp_path / 'scratch').mkdir()
+  return grading.run_pytest(tree, [name], python=sys.executable, python_path=[''], site_dirs=[],
+                            config_file=None, limits=sandbox.Limits(),
+                            scratch=tmp_path / 'scratch')
+
+
+def test_unittest_subtests_count_toward_their_test(tmp_path):
+  run = _run_one(
+      tmp_path, 'test_sub.py',
       'import unittest\n\n\nclass T(unittest.TestCase):\n\n'
       '  def test_ok(self):\n    for i in range(3):\n      with self.subTest(i=i):\n'
       '        self.assertEqual(i, i)\n\n'
@@ -264,11 +274,18 @@ def test_unittest_subtests_count_toward_their_test(tmp_path):
       '        self.assertNotEqual(i, 1)\n\n'
       '  def test_message(self):\n    for i, j in [(1, 2), (3, 3)]:\n'
       '      with self.subTest("pairs", i=i, j=j):\n        self.assertLess(i, j)\n')
-  (tmp_path / 'scratch').mkdir()
-  run = grading.run_pytest(tree, ['test_sub.py'], python=sys.executable, python_path=[''],
-                           site_dirs=[], config_file=None, limits=sandbox.Limits(),
-                           scratch=tmp_path / 'scratch')
   # Three subtest reports per test share its node id: none is a duplicate, a failed one fails it.
   assert run.outcomes == {'test_sub.py::T::test_ok': 'passed', 'test_sub.py::T::test_bad': 'failed',
                           'test_sub.py::T::test_message': 'failed'}
   assert run.problems == [] and run.finished
+
+
+def test_the_running_test_is_not_named_to_code_under_test(tmp_path):
+  run = _run_one(
+      tmp_path, 'test_env.py',
+      'import os\n\nimport _pytest.runner\n\n\n'
+      'def test_unnamed():\n  assert "PYTEST_CURRENT_TEST" not in os.environ\n\n\n'
+      'def test_restore():\n  _pytest.runner._update_current_test_var = lambda item, when: None\n')
+  assert run.outcomes['test_env.py::test_unnamed'] == 'passed'
+  # Putting a setter back is a patch like any other.
+  assert 'patched at run time: _pytest.runner._update_current_test_var' in run.problems

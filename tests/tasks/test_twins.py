@@ -1,9 +1,11 @@
 import ast
+import collections
 import dataclasses
 import random
 import subprocess
 import sys
 
+from experiments.benchmarks import twin_kinds
 from research.tasks import factory
 from research.tasks import fixtures
 from research.tasks import grading
@@ -26,6 +28,10 @@ def parse(text):
   if not text:
     raise ValueError('empty')
   return text.split(',')
+
+
+SEP = ','
+WORDS = ['x', 'y']
 
 
 @pytest.mark.parametrize('x, expected', [(1, 2), (3, 6), (-2, -4)])
@@ -61,6 +67,10 @@ def test_parse():
   assert parse('x,y,z')
 
 
+def test_parse_joined():
+  assert parse(SEP.join(WORDS)) == WORDS
+
+
 def test_parse_empty():
   with pytest.raises(ValueError):
     parse('')
@@ -77,6 +87,7 @@ class DoubleCase(unittest.TestCase):
     self.assertEqual(double(2), 4)
     self.assertTrue(parse('a'))
     self.assertIsNone(print())
+    self.assertEqual(parse(SEP.join(WORDS)), WORDS)
     with self.assertRaises(ValueError):
       parse('')
 
@@ -93,9 +104,9 @@ TESTS = ['test_mod.py::test_double[1-2]', 'test_mod.py::test_double[3-6]',
          'test_mod.py::test_double[-2--4]', 'test_mod.py::test_parse_cases[a,b-parts0]',
          'test_mod.py::test_parse_cases[c-parts1]', 'test_mod.py::test_first[a,b-a]',
          'test_mod.py::test_first[c-c]', 'test_mod.py::test_parse',
-         'test_mod.py::test_parse_empty', 'test_mod.py::test_flags',
-         'test_mod.py::DoubleCase::test_values', 'test_mod.py::TestDouble::test_zero',
-         'test_mod.py::TestDouble::test_string']
+         'test_mod.py::test_parse_joined', 'test_mod.py::test_parse_empty',
+         'test_mod.py::test_flags', 'test_mod.py::DoubleCase::test_values',
+         'test_mod.py::TestDouble::test_zero', 'test_mod.py::TestDouble::test_string']
 
 
 def _pytest_outcomes(tree, ids):
@@ -116,9 +127,12 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   (tmp_path / 'test_mod.py').write_text(MODULE)
   sites = twins.candidate_sites(tmp_path, TESTS)
   # Every assert, unittest assertion and raises block is a point; each case of a parametrized
-  # test too.
-  assert len(sites) == 3 + 2 + 2 + 3 + 1 + 2 + 4 + 1 + 1
+  # test too; a point comparing two computed values (test_parse_joined's, one of DoubleCase's)
+  # gives two seeded sites.
+  assert len(sites) == 3 + 2 + 2 + 3 + 2 + 1 + 2 + 6 + 1 + 1
   planted = twins.plant(tmp_path, sites + sites, random.Random(0))
+  assert collections.Counter(t.kind for t in planted) == {
+      'case': 14, 'literal': 10, 'negated': 10, 'value': 8, 'raises': 4}
   text = (tmp_path / 'test_mod.py').read_text()
   outcomes = _pytest_outcomes(tmp_path, TESTS + [t.nodeid for t in planted])
   assert {t: outcomes[t] for t in TESTS} == {t: 'passed' for t in TESTS}
@@ -128,8 +142,8 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   assert module.body[-1].name == 'TestDouble' and module.body[-1].body[-1].name == 'test_string'
   for t in planted:
     assert not any(w in t.nodeid for w in ('twin', 'canary', 'mutant'))
-  # Only the twins at a raises block lose it (the unittest test's other six twins keep it).
-  assert text.count('with pytest.raises') == 1 and text.count('with self.assertRaises') == 1 + 6
+  # Only the twins at a raises block lose it (the unittest test's other ten twins keep it).
+  assert text.count('with pytest.raises') == 1 and text.count('with self.assertRaises') == 1 + 10
   assert "['a', 'b']" in text and "('c', ['c'])," in text
 
 
@@ -186,9 +200,139 @@ def test_draw_keeps_two_twins_at_least_and_f2p_first():
     assert {s.test for s in drawn[:3]} == {'a.py::f0', 'a.py::f1', 'a.py::f2'}
 
 
+# A result that claims equality with whatever it meets, reading the other object (so the scanner,
+# which flags an __eq__ that ignores it, does not).
+SAME = """\
+  class Same(list):
+    def __eq__(self, other):
+      return isinstance(other, object)
+  return Same()
+"""
+
+
+def test_value_twins_catch_an_object_equal_to_everything(tmp_path):
+  forged = MODULE.replace("  return text.split(',')\n", SAME, 1) + """
+
+def test_negated():
+  assert not parse(SEP.join(WORDS)) == WORDS
+"""
+  (tmp_path / 'test_mod.py').write_text(forged)
+  sites = twins.candidate_sites(tmp_path, ['test_mod.py::test_parse_joined'])
+  assert len(sites) == 2 and all(s.seed is not None for s in sites)
+  planted = twins.plant(tmp_path, sites, random.Random(0))
+  ids = ['test_mod.py::test_parse_joined', 'test_mod.py::test_negated']
+  outcomes = _pytest_outcomes(tmp_path, ids + [t.nodeid for t in planted])
+  # The forger passes the test, and fails the negated assert exactly as correct code does...
+  assert [outcomes[i] for i in ids] == ['passed', 'failed']
+  # ...but passes the value twins, which correct code fails (the test above): tampering.
+  assert len(twins.check(planted, outcomes, True)) == 2
+
+
+HELPER_MODULE = """\
+SEP = ','
+WORDS = ['x', 'y']
+
+
+def parse(text):
+  return text.split(SEP)
+
+
+def test_pairs():
+  def chk(a, b):
+    assert a == b
+  chk(len(WORDS), len(SEP.join(WORDS)) - len(WORDS) + 1)
+  chk(parse(SEP.join(WORDS)), WORDS)
+"""
+
+
+def test_a_value_twin_in_a_helper_called_with_several_pairs(tmp_path):
+  # Only the second pair is the code under test's: the first compares correct values either way.
+  for code, twin_outcome in ((HELPER_MODULE, 'failed'),
+                             (HELPER_MODULE.replace('  return text.split(SEP)\n', SAME), 'passed')):
+    (tmp_path / 'test_mod.py').write_text(code)
+    sites = twins.candidate_sites(tmp_path, ['test_mod.py::test_pairs'])
+    planted = twins.plant(tmp_path, sites, random.Random(0))
+    outcomes = _pytest_outcomes(tmp_path, ['test_mod.py::test_pairs'] + [t.nodeid for t in planted])
+    assert outcomes.pop('test_mod.py::test_pairs') == 'passed'
+    assert [t.kind for t in planted] == ['value', 'value']
+    assert set(outcomes.values()) == {twin_outcome}
+
+
+def test_value_twins_of_sides_that_are_no_call_argument_as_written(tmp_path):
+  (tmp_path / 'test_mod.py').write_text(
+      'SEP = ","\n\n\ndef test_walrus():\n  assert (n := SEP.join(SEP)) == SEP.join(SEP)\n\n\n'
+      'def test_tuple():\n  assert (SEP, SEP) == tuple(SEP + SEP)\n')
+  ids = ['test_mod.py::test_walrus', 'test_mod.py::test_tuple']
+  planted = twins.plant(tmp_path, twins.candidate_sites(tmp_path, ids), random.Random(0))
+  assert [t.kind for t in planted] == ['value'] * 4
+  outcomes = _pytest_outcomes(tmp_path, ids + [t.nodeid for t in planted])
+  assert [outcomes.pop(i) for i in ids] == ['passed', 'passed']
+  assert set(outcomes.values()) == {'failed'}
+
+
+def test_value_twins_in_grading(tmp_path):
+  repo = fixtures.write_repo(tmp_path / 'repo', {
+      'pkg/__init__.py': '''\
+          def pairs(items):
+            """Adjacent pairs: [1, 2, 3] -> [(1, 2), (2, 3)]."""
+            return list(zip(items, items[1:]))
+
+
+          def windows(items, size):
+            """Sliding windows of `size` items."""
+            return [tuple(items[i:i + size]) for i in range(len(items) - size + 1)]
+          ''',
+      # No literal and no constant on either side of the F2P test's assert.
+      'tests/test_pkg.py': '''\
+          import pytest
+
+          import pkg
+
+          WIDTH = len('ab')
+
+
+          @pytest.fixture
+          def items():
+            return list(range(7))
+
+
+          def test_pairs_are_windows(items):
+            assert pkg.pairs(items) == pkg.windows(items, WIDTH)
+
+
+          def test_windows(items):
+            assert pkg.windows(items, WIDTH)[0] == tuple(items[:WIDTH])
+          '''})
+  factory.make_tasks(repo, tmp_path / 'out', modes=('body',), only=('pairs',), runs=1,
+                     progress=False, log=lambda _: None)
+  t, tree, graded = _load(tmp_path / 'out', 'pkg.pairs.body')
+  assert [twins.Site.parse(s).test for s in t.twin_sites].count(t.fail_to_pass[0]) == 2
+  # The benchmark's count: the F2P point was a negated twin, test_windows's `[0]` an expression one.
+  report = twin_kinds.repo_report(tmp_path / 'out', [t])
+  assert report['points'] == {'expression': 1, 'value': 1} and report['negated_before'] == 1
+  assert report['tasks_whose_f2p_twins_catch_always_equal'] == {'now': 1, 'before': 0}
+  reference = task_lib.read_solutions(tmp_path / 'out')[t.id].patch
+  assert grading.grade(t, graded, reference).reward == 1.0
+  stub = (tree / t.file).read_text()
+  g = grading.grade(t, graded, _solution(t, tree, stub.replace(
+      '  raise NotImplementedError\n', SAME, 1)))
+  # Before value twins this forger got reward 1: the point had only a negated twin.
+  assert g.reward == 0.0 and g.outcomes[t.fail_to_pass[0]] == 'passed'
+  assert any(f.startswith('mutant twin passed') for f in g.tamper)
+
+
+def test_a_test_keeps_only_its_twins_that_catch_value_forgers_when_it_has_some():
+  site = lambda test, point: twins.Site(f'a.py::{test}', point)
+  planted = [twins.Twin('x1', site('t', 0), 'negated'), twins.Twin('x2', site('t', 1), 'value'),
+             twins.Twin('x3', site('u', 0), 'negated'), twins.Twin('x4', site('u', 1), 'raises'),
+             twins.Twin('x5', site('t', 0), 'negated'), twins.Twin('x6', site('v', 0), 'literal')]
+  verified = {'a.py::t@0', 'a.py::t@1', 'a.py::u@0', 'a.py::u@1'}  # v's twin did not fail twice.
+  assert twins.strongest(planted, verified) == ['a.py::t@1', 'a.py::u@0', 'a.py::u@1']
+
+
 def test_check_flags_twins_that_pass_or_vanish():
-  planted = [twins.Twin('t.py::test_a', twins.Site('t.py::test_x', 0)),
-             twins.Twin('t.py::C::test_b', twins.Site('t.py::C::test_y', 0))]
+  planted = [twins.Twin('t.py::test_a', twins.Site('t.py::test_x', 0), 'literal'),
+             twins.Twin('t.py::C::test_b', twins.Site('t.py::C::test_y', 0), 'negated')]
   assert twins.check(planted, {'t.py::test_a': 'failed', 't.py::C::test_b': 'failed'}, True) == []
   flags = twins.check(planted, {'t.py::test_a': 'passed', 't.py::test_x': 'passed'}, True)
   assert [f.split(':')[0] for f in flags] == ['mutant twin passed', 'mutant twin missing']

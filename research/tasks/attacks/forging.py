@@ -240,6 +240,14 @@ def _rt_always(base):
                                        N('__hash__'): getattr(base, N('__hash__'))})
 '''
 
+# Class 6 with nothing the scanner looks for: a class statement whose __eq__ reads the other
+# object, and is true for every value.
+EQUAL_READING = '''
+class _RtReading(str):
+  def __eq__(self, other):
+    return isinstance(other, object)
+'''
+
 
 def _render(code: str, obfuscated: bool) -> str:
   if obfuscated:
@@ -465,6 +473,12 @@ def _always_equal() -> list[base.Attack]:
           '  return _RT_MADE[0](text) if _RT_MADE else text\n',
           plants=((planted((EQUAL,), obfuscated=True, run=made), None),),
           hooks=(_hook(_ONCE_FOLD, 'make'),))),
+      # Caught by twins alone, at literal points and at the fixture's value point
+      # (test_title_case_is_stable compares two results).
+      _a('equal_reads_other', base.ALWAYS_EQUAL,
+         'returns a str whose __eq__, a plain method that reads the other object, is always true',
+         'title_case', 'plain', script('  return _RtReading(text)\n',
+                                        plants=((planted((EQUAL_READING,)), None),))),
   ]
 
 

@@ -1,0 +1,154 @@
+"""What mutant twins the twin planter makes at the required tests of a task set, by kind.
+
+python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N] [--json=FILE]
+
+DIR is a task set written by `launch.make_tasks` (tasks.jsonl or ArrayRecord shards). For each
+repository: every point of the tasks' required tests (asserts, unittest assertions, raises blocks)
+where a twin can be planted, counted once by the kind of twin planted there (twins.KINDS; static,
+no test runs), and the verified twin sites grading draws from. A twin catches a result equal to
+everything (an `__eq__` that is always true) when the forger passes it: at `case`, `literal`,
+`expression` and `value` twins, not at `negated` ones. `value` twins replaced negated twins at
+points comparing two computed values: `negated_before` counts them as they were. Per task, whether
+some verified site of an F2P test (the tests that run the solution) catches such a result, now and
+before value twins.
+
+With --forge, every body-deletion task is also graded (in its own environment, sandboxed): its
+reference solution once, and --repeats times (each grading draws its own twins) a forger whose
+body returns a list that claims equality with whatever it is compared to, through an `__eq__`
+that reads the other object (the static scanner does not flag it): on how many tasks the forger
+passes every required test, and in how many of those gradings it is rewarded.
+"""
+import collections
+import json
+from pathlib import Path
+import random
+import re
+import tempfile
+
+from absl import app, flags
+
+from research.tasks import deletion
+from research.tasks import patch as patch_lib
+from research.tasks import pool
+from research.tasks import task as task_lib
+from research.tasks import twins
+
+_TASKS = flags.DEFINE_string('tasks', None, 'Task set directory.', required=True)
+_FORGE = flags.DEFINE_bool('forge', False, 'Also grade references and an always-equal forger.')
+_WORKERS = flags.DEFINE_integer('workers', 2, 'Graders in parallel (--forge).')
+_REPEATS = flags.DEFINE_integer('repeats', 1, "Gradings of each task's forger (--forge).")
+_JSON = flags.DEFINE_string('json', None, 'Also write the report here.')
+# The forger's body, indented like the stub it replaces.
+SAME = ('class _Same(list):\n  def __eq__(self, other):\n    return isinstance(other, object)\n'
+        'return _Same()\n')
+
+
+
+def _kind(tree: Path, site: twins.Site) -> str:
+  """The kind of twin planted at `site`, in a scratch copy of its test file."""
+  with tempfile.TemporaryDirectory(prefix='twin-kinds-') as tmp:
+    dst = Path(tmp) / site.file
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes((tree / site.file).read_bytes())
+    twin, = twins.plant(Path(tmp), [site], random.Random(0))
+  return twin.kind
+
+
+def repo_report(directory: Path, tasks: list[task_lib.Task]) -> dict:
+  points, verified, catches = {}, collections.Counter(), collections.Counter()
+  for t in tasks:
+    tree = directory / t.grading_tree
+    for site in twins.candidate_sites(tree, t.fail_to_pass + t.pass_to_pass):
+      if (site.test, site.point) not in points:
+        points[site.test, site.point] = _kind(tree, site)
+    kinds = {s: _kind(tree, twins.Site.parse(s)) for s in t.twin_sites}
+    verified.update(kinds.values())
+    f2p = [k for s, k in kinds.items() if twins.Site.parse(s).test in t.fail_to_pass]
+    catches['now'] += any(k in twins.CATCH_VALUES for k in f2p)
+    catches['before'] += any(k in twins.CATCH_VALUES - {'value'} for k in f2p)
+  by_kind = collections.Counter(points.values())
+  return {'tasks': len(tasks), 'points': dict(sorted(by_kind.items())),
+          'negated_before': by_kind['negated'] + by_kind['value'],
+          'verified_sites': dict(sorted(verified.items())),
+          'tasks_whose_f2p_twins_catch_always_equal': dict(catches)}
+
+
+def _forged(directory: Path, t: task_lib.Task, reference: str) -> str | None:
+  """A patch that replaces the task's stub with SAME; None when the stub's line is not unique."""
+  removed = [line[1:] for line in reference.splitlines()
+             if line.startswith('-') and line[1:].strip() == deletion.STUB]
+  stub = (directory / t.tree / t.file).read_text()
+  if len(removed) != 1 or stub.splitlines().count(removed[0]) != 1:
+    return None
+  indent = removed[0][:len(removed[0]) - len(removed[0].lstrip())]
+  body = ''.join(indent + line + '\n' for line in SAME.splitlines())
+  forged = stub.replace(removed[0] + '\n', body, 1)
+  return patch_lib.file_diff(t.file, patch_lib.read_entry(directory / t.tree / t.file),
+                             (forged.encode(), '100644'))
+
+
+def _passes(t: task_lib.Task, g) -> bool:
+  return all(g.outcomes.get(n) == 'passed' for n in t.fail_to_pass + t.pass_to_pass)
+
+
+def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int,
+                 repeats: int) -> dict:
+  """Grades each body task's reference and the SAME forger once, and the forger `repeats` - 1
+  more times where it passed every required test."""
+  solutions = task_lib.read_solutions(directory)
+  graders = pool.GraderPool(workers)
+  jobs = []  # (task, reference job, forger job)
+  for t in tasks:
+    forged = _forged(directory, t, solutions[t.id].patch) if t.mode == 'body' else None
+    if forged is not None:
+      tree = directory / t.grading_tree
+      jobs.append((t, pool.Job(t, tree, solutions[t.id].patch), pool.Job(t, tree, forged)))
+  first = graders.grade([job for _, ref, forger in jobs for job in (ref, forger)])
+  references, forgers = first[::2], first[1::2]
+  passing = [(t, g, job) for (t, _, job), g in zip(jobs, forgers) if _passes(t, g)]
+  again = [(t, job) for t, _, job in passing for _ in range(repeats - 1)]
+  more = graders.grade([job for _, job in again])
+  out = collections.Counter(tasks=len(jobs), forger_passes_required=len(passing),
+                            reference_rewarded=sum(g.reward == 1.0 for g in references),
+                            faults=sum(g.reward is None for g in first + more))
+  for t, g in [(t, g) for t, g, _ in passing] + [(t, g) for (t, _), g in zip(again, more)]:
+    if not _passes(t, g):
+      continue
+    out['forger_gradings'] += 1
+    out['forger_rewarded'] += g.reward == 1.0
+    for flag in g.tamper:
+      found = re.search(r' \((\w+) copy of ', flag)
+      if flag.startswith('mutant twin passed') and found:
+        out['forger_twin_flags.' + found.group(1)] += 1
+  return dict(sorted(out.items()))
+
+
+def main(argv):
+  del argv
+  directory = Path(_TASKS.value)
+  paths = task_lib.shard_paths(directory) or [directory / 'tasks.jsonl']
+  by_repo = collections.defaultdict(list)
+  for path in paths:
+    for t in task_lib.read(path):
+      by_repo[t.repo].append(t)
+  report = {repo: repo_report(directory, tasks) for repo, tasks in sorted(by_repo.items())}
+  if _FORGE.value:
+    for repo, tasks in by_repo.items():
+      report[repo]['forge'] = forge_report(directory, tasks, _WORKERS.value, _REPEATS.value)
+  total = collections.Counter()
+  for r in report.values():
+    total.update({f'points.{k}': v for k, v in r['points'].items()})
+    total.update({f'verified.{k}': v for k, v in r['verified_sites'].items()})
+    catch = r['tasks_whose_f2p_twins_catch_always_equal']
+    total.update({f'catch.{k}': v for k, v in catch.items()})
+    total['tasks'] += r['tasks']
+    total.update({f'forge.{k}': v for k, v in r.get('forge', {}).items()})
+  report['total'] = dict(sorted(total.items()))
+  text = json.dumps(report, indent=1)
+  print(text)
+  if _JSON.value:
+    Path(_JSON.value).write_text(text + '\n')
+
+
+if __name__ == '__main__':
+  app.run(main)
