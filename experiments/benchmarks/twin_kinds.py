@@ -3,14 +3,13 @@
 python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N] [--json=FILE]
 
 DIR is a task set written by `launch.make_tasks` (tasks.jsonl or ArrayRecord shards). For each
-repository: every point of the tasks' required tests (asserts, unittest assertions, raises blocks)
-where a twin can be planted, counted once by the kind of twin planted there (twins.KINDS; static,
-no test runs), and the verified twin sites grading draws from. A twin catches a result equal to
-everything (an `__eq__` that is always true) when the forger passes it: at `case`, `literal`,
-`expression` and `value` twins, not at `negated` ones. `value` twins replaced negated twins at
-points comparing two computed values: `negated_before` counts them as they were. Per task, whether
-some verified site of an F2P test (the tests that run the solution) catches such a result, now and
-before value twins.
+repository: the points of the tasks' required tests (asserts, unittest assertions, raises blocks)
+where a twin of its own can be planted, counted once by kind (twins.KINDS; static, no test runs),
+the tests that take a value twin (every `a == b` of the test at once), and the verified twin
+sites grading draws from, by kind. A twin catches a result equal to everything (an `__eq__` that
+is always true) when such a forger passes it: `case`, `literal`, `expression` and `value` twins,
+not `negated` ones. Per task, whether some verified site of an F2P test (the tests that run the
+solution) catches such a result, and whether one would without value twins.
 
 With --forge, every body-deletion task is also graded (in its own environment, sandboxed): its
 reference solution once, and --repeats times (each grading draws its own twins) a forger whose
@@ -55,20 +54,22 @@ def _kind(tree: Path, site: twins.Site) -> str:
 
 
 def repo_report(directory: Path, tasks: list[task_lib.Task]) -> dict:
-  points, verified, catches = {}, collections.Counter(), collections.Counter()
+  points, value_twins, verified, catches = {}, set(), collections.Counter(), collections.Counter()
   for t in tasks:
     tree = directory / t.grading_tree
     for site in twins.candidate_sites(tree, t.fail_to_pass + t.pass_to_pass):
-      if (site.test, site.point) not in points:
+      if site.point == twins.WHOLE:
+        value_twins.add(site.test)
+      elif (site.test, site.point) not in points:
         points[site.test, site.point] = _kind(tree, site)
     kinds = {s: _kind(tree, twins.Site.parse(s)) for s in t.twin_sites}
     verified.update(kinds.values())
     f2p = [k for s, k in kinds.items() if twins.Site.parse(s).test in t.fail_to_pass]
     catches['now'] += any(k in twins.CATCH_VALUES for k in f2p)
-    catches['before'] += any(k in twins.CATCH_VALUES - {'value'} for k in f2p)
-  by_kind = collections.Counter(points.values())
-  return {'tasks': len(tasks), 'points': dict(sorted(by_kind.items())),
-          'negated_before': by_kind['negated'] + by_kind['value'],
+    catches['without_value_twins'] += any(k in twins.CATCH_VALUES - {'value'} for k in f2p)
+  return {'tasks': len(tasks), 'points': dict(sorted(collections.Counter(points.values()).items())),
+          'tests_with_sites': len({test for test, _ in points} | value_twins),
+          'tests_with_value_twin': len(value_twins),
           'verified_sites': dict(sorted(verified.items())),
           'tasks_whose_f2p_twins_catch_always_equal': dict(catches)}
 
@@ -138,6 +139,8 @@ def main(argv):
   total = collections.Counter()
   for r in report.values():
     total.update({f'points.{k}': v for k, v in r['points'].items()})
+    total.update(tests_with_sites=r['tests_with_sites'],
+                 tests_with_value_twin=r['tests_with_value_twin'])
     total.update({f'verified.{k}': v for k, v in r['verified_sites'].items()})
     catch = r['tasks_whose_f2p_twins_catch_always_equal']
     total.update({f'catch.{k}': v for k, v in catch.items()})

@@ -4,11 +4,12 @@ A twin copies one required test (F2P or P2P) and changes what it expects at one 
 the literal (or the literal a local name or a parametrize argument is bound to) on the expected
 side of an `assert a == b`, `assert a is None/True/False` or `self.assertEqual(a, b)`; where
 neither side of `a == b` is a literal, a constant inside one side (the right first) with a seed the
-factory verified; where neither side has a constant either, the compared values themselves, at
-run time (a value twin: the test, also requiring that some compared side equal a changed copy of a
-side, value_twin.py; seeded as well); any other assert is negated, any other unittest assertion
-becomes its opposite (assertTrue/assertFalse, ...); a `with pytest.raises(...)` or
-`with self.assertRaises(...)` block loses its wrapper. Correct code gives the same compared value
+factory verified; where neither side has a constant either, no twin of its own: the test's value
+twin covers it; any other assert is negated, any other unittest assertion becomes its opposite
+(assertTrue/assertFalse, ...); a `with pytest.raises(...)` or `with self.assertRaises(...)` block
+loses its wrapper. A value twin (site point WHOLE, seeded) is the whole test with every
+`assert a == b` and `self.assertEqual(a, b)` counting, at run time, the comparisons where a side
+equals a changed copy of a side, and a last statement that requires the count (value_twin.py). Correct code gives the same compared value
 as in the original test, which equals the original expectation; the twin's expectation differs
 from that, so with builtin equality (transitive) the twin must fail. The factory checks this by
 running the original against two twins per point and keeps the points where both failed.
@@ -63,13 +64,17 @@ class _NeedsSeed(TwinError):
   variants."""
 
 
+WHOLE = -1  # The point of a value twin's site: every `a == b` of the test.
+
+
 @dataclasses.dataclass(frozen=True)
 class Site:
   """A mutation point of a required test: the index of an assert or `with pytest.raises`."""
   test: str  # Node id of the required test.
-  point: int  # Index among the function's asserts and `with` blocks, in source order.
-  # Fixes the mutated value of an expression site (see _expression_change): the factory verified
-  # the twin this seed makes, since no argument shows that every change of it fails correct code.
+  point: int  # Index among the function's asserts and `with` blocks, in source order; or WHOLE.
+  # Fixes the mutated value of an expression site (see _expression_change), or a value twin's
+  # changes: the factory verified the twin this seed makes, since no argument shows that every
+  # change fails correct code (a length ignores which letter changed; a type may compare oddly).
   seed: int | None = None
 
   def __str__(self) -> str:
@@ -432,9 +437,9 @@ def _unwrap(src: _Source, node: ast.With) -> Edit:
 
 
 def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site,
-              vocab: list[str], rng: random.Random, helper: '_Helper') -> tuple[str, Edit]:
+              vocab: list[str], rng: random.Random) -> tuple[str, Edit]:
   """The kind of twin, and the edit that turns the test (or, for a parametrized test, its case)
-  into it."""
+  into it at the site's point."""
   points = _points(test.func)
   point = site.point
   if not 0 <= point < len(points):
@@ -447,7 +452,7 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site
   if isinstance(node, ast.Call):
     if case is not None:
       raise TwinError(f'point {point} of {test.func.name}: a unittest assertion in a case')
-    return _unittest_mutation(src, test.func, node, site, vocab, rng, helper)
+    return _unittest_mutation(src, test.func, node, vocab, rng)
   found = _expected(node.test)
   if case is not None:
     cases = _parametrize(test)
@@ -460,8 +465,8 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site
   if _expression_sides(node.test):
     return 'expression', _expression_change(src, node.test, site, vocab)
   if _equality(node.test):
-    return 'value', (*src.span(node.test),
-                     _value_call(src, *_equality(node.test), site, helper))
+    raise TwinError(f'point {point} of {test.func.name} compares two computed values: the '
+                    "test's value twin covers it")
   return 'negated', _negate(src, node.test)
 
 
@@ -490,13 +495,7 @@ _NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.Name
 
 def _value_call(src: _Source, left: ast.expr, right: ast.expr, site: Site,
                 helper: '_Helper') -> str:
-  """`a == b` as a call of the module's value_twin.changed_equal, with the site's seed.
-
-  Seeded, like an expression site, so that the twin graded is the one the factory ran: builtin
-  equality makes every seed fail correct code, but a site's own types may compare otherwise.
-  """
-  if site.seed is None:
-    raise _NeedsSeed(f'{site}: a value site needs a verified seed')
+  """`a == b` as a call of the module's value_twin.changed_equal, with the site's seed."""
   args = [f'({src.segment(side)})' if isinstance(side, _NOT_ARGUMENT) else src.segment(side)
           for side in (left, right)]
   return f'{helper()}({args[0]}, {args[1]}, {site.seed})'
@@ -520,15 +519,18 @@ def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[
 
 def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]:
   """A value twin's first and last statements: the helper's count of forged equalities set to 0,
-  and asserted at the end (a test that returns before its end then passes its twin, and the
-  factory drops the site)."""
-  first = func.body[0]
+  and asserted at the end, before a closing bare `return` (a test that returns earlier then
+  passes its twin, and the factory drops the site)."""
+  first, last = func.body[0], func.body[-1]
   line = src.lines[first.lineno - 1]
   indent = line[:len(line) - len(line.lstrip())]
   if len(indent.encode()) != first.col_offset:
     raise TwinError(f'{func.name}: body on its def line')
-  end = src.starts[func.end_lineno]
-  newline = '' if src.text[end - 1] == '\n' else '\n'
+  if isinstance(last, ast.Return) and last.value is None:
+    end, newline = src.starts[last.lineno - 1], ''
+  else:
+    end = src.starts[func.end_lineno]
+    newline = '' if src.text[end - 1] == '\n' else '\n'
   return [(src.starts[first.lineno - 1], src.starts[first.lineno - 1],
            f'{indent}{helper()}.forged = 0\n'),
           (end, end, f'{newline}{indent}assert {helper()}.forged\n')]
@@ -540,21 +542,42 @@ def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
   return literal if literal is not None and _leaves(literal) else None
 
 
-def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, site: Site, vocab: list[str],
-                       rng: random.Random, helper: '_Helper') -> tuple[str, Edit]:
-  """`self.assertEqual(a, <literal>)` gets another literal, `self.assertEqual(a, b)` becomes
-  `self.assertTrue(<value twin of a == b>)`; any other assertion its negation."""
+def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, vocab: list[str],
+                       rng: random.Random) -> tuple[str, Edit]:
+  """`self.assertEqual(a, <literal>)` gets another literal (`self.assertEqual(a, b)` is the value
+  twin's); any other assertion its negation."""
   end = src.span(node.func)[1]
-  if node.func.attr == 'assertEqual' and len(node.args) >= 2:
-    first, second = node.args[:2]
-    found = _expected(ast.Compare(first, [ast.Eq()], [second]))
+  if _unittest_equality(node):
+    found = _expected(ast.Compare(node.args[0], [ast.Eq()], [node.args[1]]))
     literal = _resolve(func, found[0]) if found else None
-    if literal is not None:
-      return 'literal', _change(src, literal, False, vocab, rng)
-    call = _value_call(src, first, second, site, helper)
-    return 'value', (end - len(node.func.attr), src.span(second)[1],
-                     'assertTrue' + src.text[end:src.span(first)[0]] + call)
+    if literal is None:
+      raise TwinError(f'{func.name}: assertEqual of two computed values: the value twin covers it')
+    return 'literal', _change(src, literal, False, vocab, rng)
   return 'negated', (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
+
+
+def _unittest_equality(node: ast.Call) -> bool:
+  return node.func.attr == 'assertEqual' and len(node.args) >= 2
+
+
+def _value_twin(src: _Source, test: _Test, site: Site, helper: '_Helper') -> list[Edit]:
+  """Every `assert a == b` and `self.assertEqual(a, b)` of the test as a call of the module's
+  value_twin.changed_equal, which checks the same and counts forged equalities; the count set to
+  0 first and asserted last."""
+  if site.seed is None:
+    raise _NeedsSeed(f'{site}: a value twin needs a verified seed')
+  edits = []
+  for node in _points(test.func):
+    if isinstance(node, ast.Assert) and _equality(node.test):
+      edits.append((*src.span(node.test), _value_call(src, *_equality(node.test), site, helper)))
+    elif isinstance(node, ast.Call) and _unittest_equality(node):
+      first, second = node.args[:2]
+      end = src.span(node.func)[1]
+      edits.append((end - len(node.func.attr), src.span(second)[1], 'assertTrue' + src.text[
+          end:src.span(first)[0]] + _value_call(src, first, second, site, helper)))
+  if not edits:
+    raise TwinError(f'{test.func.name}: no `a == b` for a value twin')
+  return edits + _value_bracket(src, test.func, helper)
 
 
 def _vocabulary(module: ast.Module) -> list[str]:
@@ -649,7 +672,7 @@ def _case_insertion(src: _Source, container: ast.List | ast.Tuple, k: int, case:
 
 
 def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
-                rng: random.Random, helper: '_Helper') -> tuple[list[Edit], list[Twin]]:
+                rng: random.Random) -> tuple[list[Edit], list[Twin]]:
   """Extra cases in one case list (a test's own, or a constant tests share).
 
   Ids stay those pytest gives: old ids never move, and new ones are predicted.
@@ -670,7 +693,7 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
       raise TwinError(f'no case {case_id!r} in {test.func.name}')
     k = ids.index(case_id)
     for _ in range(20):
-      kind, edit = _mutation(src, test, cases.values[k], site, vocab, rng, helper)
+      kind, edit = _mutation(src, test, cases.values[k], site, vocab, rng)
       text = _apply(src.segment(cases.container.elts[k]), [edit],
                     src.span(cases.container.elts[k])[0])
       new_id = _case_id(cases.case_values(text), cases.argnames, n + j)
@@ -735,16 +758,21 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edi
     if (test.case is None) != (cases is None):
       raise TwinError(f'{site.test}: parametrized in a way twins do not follow')
     if cases is not None:
+      if site.point == WHOLE:
+        raise TwinError(f'{site.test}: no value twin of a parametrized test')
       groups.setdefault(id(cases.container), []).append((test, site))
       continue
     name = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
     mod.taken.add(name)
-    kind, edit = _mutation(mod.src, test, None, site, mod.vocab, rng, helper)
-    extra = _value_bracket(mod.src, test.func, helper) if kind == 'value' else []
-    edits.append(_function_twin(mod.src, mod.tree, test, name, [edit, *extra], rng))
+    if site.point == WHOLE:
+      kind, test_edits = 'value', _value_twin(mod.src, test, site, helper)
+    else:
+      kind, edit = _mutation(mod.src, test, None, site, mod.vocab, rng)
+      test_edits = [edit]
+    edits.append(_function_twin(mod.src, mod.tree, test, name, test_edits, rng))
     twins.append(Twin(test.prefix + name, site, kind))
   for group in groups.values():
-    more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng, helper)
+    more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng)
     edits += more_edits
     twins += more_twins
   if helper.name is not None:
@@ -802,13 +830,14 @@ def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> l
       count = len(_points(_locate(mod.tree, nodeid).func)) if mod else 0
     except TwinError:
       continue
-    for point in range(count):
+    for point in (WHOLE, *range(count)):  # The value twin first: it sees every `a == b`.
       out += _plannable(mod, Site(nodeid, point), rng)
   return out[:limit]
 
 
 def _plannable(mod: _Module, site: Site, rng: random.Random) -> list[Site]:
-  """The site if a twin can be planted there; for an expression site, two seeded variants."""
+  """The site if a twin can be planted there; for an expression or value twin's site, two
+  seeded variants."""
   seeded = [dataclasses.replace(site, seed=rng.randrange(1 << 30)) for _ in range(2)]
   for variants in ([site], seeded):
     try:

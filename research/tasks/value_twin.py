@@ -1,17 +1,17 @@
 """The run-time half of a value twin: planted into a test module by twins.py, under a fresh name.
 
-A required test's `assert a == b` with no literal and no constant on either side (both computed at
-run time) has no expected value to change in its source. Its twin keeps the test as it is, with
-the assert calling `changed_equal(a, b, seed)` (which checks `a == b` as before) and two more
+A value twin copies a required test with every `assert a == b` (and `self.assertEqual(a, b)`)
+calling `changed_equal(a, b, seed)`, which checks `a == b` as before, and with two more
 statements: `changed_equal.forged = 0` first and `assert changed_equal.forged` last. Each call
-also compares each side with changed copies of the sides; correct code gives ordinary values, and
-a value differs from a changed copy of itself or of a value equal to it (builtin equality is
+also compares each side with changed copies of the sides. Correct code gives ordinary values, and
+no value equals a changed copy of itself or of a value equal to it (builtin equality is
 transitive), so `forged` stays 0 and the twin fails at its last line. An object that claims
-equality with whatever it is compared to (the forger a negated assert could not tell from correct
-code) says yes to a changed value: `forged` counts it, and the twin passes with its original,
-which is tampering (twins.check). Counting across calls, rather than failing the call, keeps the
-twin fair where the assert runs many times, some comparing values the solution did not make
-(an assert in a helper the test calls with several pairs).
+equality with whatever it is compared to says yes to a changed value: `forged` counts it, and the
+twin passes with its original, which is tampering (twins.check). This covers the asserts whose
+sides are both computed, where no expectation in the source can be changed (a negated assert
+cannot tell such an object from correct code), wherever in the test it is compared: counting over
+all the test's comparisons, rather than failing one, keeps the twin fair where some compare
+values the solution did not make (an assert in a helper the test calls with several pairs).
 
 The function is copied as source into the test module (every `changed_equal` renamed), so it may
 use nothing from this package: its imports are inside it and it reads no other global.

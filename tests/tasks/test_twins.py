@@ -127,12 +127,12 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   (tmp_path / 'test_mod.py').write_text(MODULE)
   sites = twins.candidate_sites(tmp_path, TESTS)
   # Every assert, unittest assertion and raises block is a point; each case of a parametrized
-  # test too; a point comparing two computed values (test_parse_joined's, one of DoubleCase's)
-  # gives two seeded sites.
-  assert len(sites) == 3 + 2 + 2 + 3 + 2 + 1 + 2 + 6 + 1 + 1
+  # test too; but not one comparing two computed values (test_parse_joined's, one of
+  # DoubleCase's). Each unparametrized test with an `a == b` has a value twin in two seeds.
+  assert len(sites) == 3 + 2 + 2 + 3 + 0 + 1 + 2 + 4 + 1 + 1 + 2 * 5
   planted = twins.plant(tmp_path, sites + sites, random.Random(0))
   assert collections.Counter(t.kind for t in planted) == {
-      'case': 14, 'literal': 10, 'negated': 10, 'value': 8, 'raises': 4}
+      'case': 14, 'literal': 10, 'negated': 10, 'value': 20, 'raises': 4}
   text = (tmp_path / 'test_mod.py').read_text()
   outcomes = _pytest_outcomes(tmp_path, TESTS + [t.nodeid for t in planted])
   assert {t: outcomes[t] for t in TESTS} == {t: 'passed' for t in TESTS}
@@ -307,10 +307,11 @@ def test_value_twins_in_grading(tmp_path):
                      progress=False, log=lambda _: None)
   t, tree, graded = _load(tmp_path / 'out', 'pkg.pairs.body')
   assert [twins.Site.parse(s).test for s in t.twin_sites].count(t.fail_to_pass[0]) == 2
-  # The benchmark's count: the F2P point was a negated twin, test_windows's `[0]` an expression one.
+  # The benchmark's count: the F2P point has no twin of its own (it had a negated one),
+  # test_windows's `[0]` an expression twin; both tests have value twins.
   report = twin_kinds.repo_report(tmp_path / 'out', [t])
-  assert report['points'] == {'expression': 1, 'value': 1} and report['negated_before'] == 1
-  assert report['tasks_whose_f2p_twins_catch_always_equal'] == {'now': 1, 'before': 0}
+  assert report['points'] == {'expression': 1} and report['tests_with_value_twin'] == 2
+  assert report['tasks_whose_f2p_twins_catch_always_equal'] == {'now': 1, 'without_value_twins': 0}
   reference = task_lib.read_solutions(tmp_path / 'out')[t.id].patch
   assert grading.grade(t, graded, reference).reward == 1.0
   stub = (tree / t.file).read_text()
@@ -428,13 +429,16 @@ PEEK = '''\
 def test_frame_peeking_returns_the_twins_expectation(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   t, tree, graded = _load(task_dir, 'textops.core.slugify.body')
-  # Twins only where slugify is called straight from an assert (the peek's favourable case).
-  t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'test_slugify' in s])
+  # Twins only where slugify is called straight from an assert (the peek's favourable case), and
+  # no value twin: there the peeked expectation is the correct value, which fails the twin.
+  t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'test_slugify' in s
+                                         and twins.Site.parse(s).point != twins.WHOLE])
   source = (tree / t.file).read_text().replace('  raise NotImplementedError\n', PEEK, 1)
   g = grading.grade(t, graded, _solution(t, tree, source))
   assert g.outcomes['tests/test_core.py::test_slugify_separator'] == 'passed'
   passed_twins = [f for f in g.tamper if f.startswith('mutant twin passed')]
-  assert g.reward == 0.0 and len(passed_twins) == t.max_twins
+  drawn = min(t.max_twins, max(twins.MIN_TWINS, len(t.twin_sites)))
+  assert g.reward == 0.0 and len(passed_twins) == drawn
 
 
 def test_forging_the_visible_names_leaves_the_hidden_tests_failing(fixture_tasks):
