@@ -85,6 +85,29 @@ def test_a_forged_side_is_counted_for_every_seed():
         assert _forged(value_twin.changed_equal, value, forger, seed) == (True, 1), (value, seed)
 
 
+class FirstOnly(list):
+  """Says yes to the first value it is compared with (the original assert's only comparison)."""
+
+  def __eq__(self, other):
+    self.append(other)
+    return len(self) == 1
+
+
+class Unchangeable(list):
+  """Equal to everything, and raising where the twin would change it."""
+
+  def __eq__(self, other):
+    return isinstance(other, object)
+
+  def __len__(self):
+    raise TypeError('no length')
+
+
+def test_forgers_that_count_calls_or_raise_are_counted():
+  assert _forged(value_twin.changed_equal, FirstOnly(), 'the', 5) == (False, 1)
+  assert _forged(value_twin.changed_equal, 'the', Unchangeable(), 5) == (True, 1)
+
+
 def test_values_nothing_changes():
   assert _forged(value_twin.changed_equal, Opaque(1), Opaque(1), 0) == (True, 0)
   assert _forged(value_twin.changed_equal, Opaque(1), Opaque(2), 0) == (False, 0)
