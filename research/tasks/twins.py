@@ -526,13 +526,14 @@ def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]
   indent = line[:len(line) - len(line.lstrip())]
   if len(indent.encode()) != first.col_offset:
     raise TwinError(f'{func.name}: body on its def line')
+  start = src.starts[min([d.lineno for d in getattr(first, 'decorator_list', [])]
+                         + [first.lineno]) - 1]
   if isinstance(last, ast.Return) and last.value is None:
     end, newline = src.starts[last.lineno - 1], ''
   else:
     end = src.starts[func.end_lineno]
     newline = '' if src.text[end - 1] == '\n' else '\n'
-  return [(src.starts[first.lineno - 1], src.starts[first.lineno - 1],
-           f'{indent}{helper()}.forged = 0\n'),
+  return [(start, start, f'{indent}{helper()}.forged = 0\n'),
           (end, end, f'{newline}{indent}assert {helper()}.forged\n')]
 
 
@@ -571,10 +572,11 @@ def _value_twin(src: _Source, test: _Test, site: Site, helper: '_Helper') -> lis
     if isinstance(node, ast.Assert) and _equality(node.test):
       edits.append((*src.span(node.test), _value_call(src, *_equality(node.test), site, helper)))
     elif isinstance(node, ast.Call) and _unittest_equality(node):
-      first, second = node.args[:2]
-      end = src.span(node.func)[1]
-      edits.append((end - len(node.func.attr), src.span(second)[1], 'assertTrue' + src.text[
-          end:src.span(first)[0]] + _value_call(src, first, second, site, helper)))
+      # Only `self.assertEqual` is replaced: its arguments stay as written (parentheses around
+      # an argument lie outside its node's span).
+      edits.append((*src.span(node.func), (
+          f'(lambda first, second, *rest, **kw: self.assertTrue('
+          f'{helper()}(first, second, {site.seed}), *rest, **kw))')))
   if not edits:
     raise TwinError(f'{test.func.name}: no `a == b` for a value twin')
   return edits + _value_bracket(src, test.func, helper)
@@ -781,8 +783,13 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edi
 
 
 def _plant_file(text: str, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
-  edits, twins = _plan(_Module.parse(text), sites, rng)
-  planted = _apply(text, edits)
+  return _planted(_Module.parse(text), sites, rng)
+
+
+def _planted(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
+  """The module's text with one twin per site, checked to parse."""
+  edits, twins = _plan(mod, sites, rng)
+  planted = _apply(mod.src.text, edits)
   try:
     ast.parse(planted)
   except SyntaxError as e:
@@ -836,13 +843,13 @@ def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> l
 
 
 def _plannable(mod: _Module, site: Site, rng: random.Random) -> list[Site]:
-  """The site if a twin can be planted there; for an expression or value twin's site, two
-  seeded variants."""
+  """The site if a twin can be planted there (the module still parses); for an expression or value
+  twin's site, two seeded variants."""
   seeded = [dataclasses.replace(site, seed=rng.randrange(1 << 30)) for _ in range(2)]
   for variants in ([site], seeded):
     try:
       for v in variants:
-        _plan(dataclasses.replace(mod, taken=set(mod.taken)), [v], rng)
+        _planted(dataclasses.replace(mod, taken=set(mod.taken)), [v], rng)
       return variants
     except _NeedsSeed:
       continue

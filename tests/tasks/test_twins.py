@@ -270,6 +270,46 @@ def test_value_twins_of_sides_that_are_no_call_argument_as_written(tmp_path):
   assert set(outcomes.values()) == {'failed'}
 
 
+def test_value_twins_keep_the_syntax_of_what_they_copy(tmp_path):
+  # An argument in parentheses of its own (outside its node's span), a first statement with a
+  # decorator above it, a closing bare return: found in more-itertools' and toolz's tests.
+  (tmp_path / 'test_mod.py').write_text('''\
+import functools
+import unittest
+
+
+def ident(x):
+  return x
+
+
+class Case(unittest.TestCase):
+
+  def test_message(self):
+    self.assertEqual(
+        ident('ab'),
+        (
+            'a'
+            'b'
+        ),
+    )
+
+
+def test_decorated_first():
+  @functools.lru_cache()
+  def f(x):
+    return x
+  assert f(ident(1)) == ident(1)
+  return
+''')
+  ids = ['test_mod.py::Case::test_message', 'test_mod.py::test_decorated_first']
+  sites = twins.candidate_sites(tmp_path, ids)
+  planted = twins.plant(tmp_path, sites + sites, random.Random(0))
+  assert collections.Counter(t.kind for t in planted) == {'value': 8, 'literal': 2, 'expression': 4}
+  outcomes = _pytest_outcomes(tmp_path, ids + [t.nodeid for t in planted])
+  assert [outcomes.pop(i) for i in ids] == ['passed', 'passed']
+  assert set(outcomes.values()) == {'failed'}
+
+
 def test_value_twins_in_grading(tmp_path):
   repo = fixtures.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
