@@ -886,7 +886,8 @@ def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random
 
 def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:
   """Shuffled so that every test has a site before any test has two: each test that runs the
-  solution's code gets a twin, whichever of its asserts a forger fools."""
+  solution's code gets a twin, whichever of its asserts a forger fools. A test's first twin is its
+  value twin where it has one: that one sees every `a == b` of the test, another kind one point."""
   by_test = collections.defaultdict(list)
   for site in sites:
     by_test[site.test].append(site)
@@ -894,6 +895,8 @@ def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:
   rng.shuffle(groups)
   for g in groups:
     rng.shuffle(g)
+    whole = next((i for i, site in enumerate(g) if site.point == WHOLE), 0)
+    g.insert(0, g.pop(whole))
   return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 

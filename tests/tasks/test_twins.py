@@ -198,6 +198,12 @@ def test_draw_keeps_two_twins_at_least_and_f2p_first():
   for _ in range(20):
     drawn = twins.draw(many, ['a.py::f0', 'a.py::f1', 'a.py::f2'], 4, rng)
     assert {s.test for s in drawn[:3]} == {'a.py::f0', 'a.py::f1', 'a.py::f2'}
+  # A test's value twin (one of its two seeds) is its first.
+  valued = many + ['a.py::f0@-1~5', 'a.py::f0@-1~6']
+  for _ in range(20):
+    drawn = twins.draw(valued, ['a.py::f0', 'a.py::f1', 'a.py::f2'], 4, rng)
+    first, = [s for s in drawn[:3] if s.test == 'a.py::f0']
+    assert first.point == twins.WHOLE
 
 
 # A result that claims equality with whatever it meets, reading the other object (so the scanner,
