@@ -17,6 +17,7 @@ body returns a list that claims equality with whatever it is compared to, throug
 that reads the other object (the static scanner does not flag it): on how many tasks the forger
 passes every required test, and in how many of those gradings it is rewarded.
 """
+import argparse
 import collections
 import json
 from pathlib import Path
@@ -24,19 +25,12 @@ import random
 import re
 import tempfile
 
-from absl import app, flags
-
 from research.tasks import deletion
 from research.tasks import patch as patch_lib
 from research.tasks import pool
 from research.tasks import task as task_lib
 from research.tasks import twins
 
-_TASKS = flags.DEFINE_string('tasks', None, 'Task set directory.', required=True)
-_FORGE = flags.DEFINE_bool('forge', False, 'Also grade references and an always-equal forger.')
-_WORKERS = flags.DEFINE_integer('workers', 2, 'Graders in parallel (--forge).')
-_REPEATS = flags.DEFINE_integer('repeats', 1, "Gradings of each task's forger (--forge).")
-_JSON = flags.DEFINE_string('json', None, 'Also write the report here.')
 # The forger's body, indented like the stub it replaces.
 SAME = ('class _Same(list):\n  def __eq__(self, other):\n    return isinstance(other, object)\n'
         'return _Same()\n')
@@ -124,18 +118,30 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int,
   return dict(sorted(out.items()))
 
 
-def main(argv):
-  del argv
-  directory = Path(_TASKS.value)
+def _args() -> argparse.Namespace:
+  """The command line (argparse: tests import this module next to absl-flag modules)."""
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--tasks', required=True, help='Task set directory.')
+  ap.add_argument('--forge', action='store_true',
+                  help='Also grade references and an always-equal forger.')
+  ap.add_argument('--workers', type=int, default=2, help='Graders in parallel (--forge).')
+  ap.add_argument('--repeats', type=int, default=1, help="Gradings of each task's forger (--forge).")
+  ap.add_argument('--json', default=None, help='Also write the report here.')
+  return ap.parse_args()
+
+
+def main():
+  a = _args()
+  directory = Path(a.tasks)
   paths = task_lib.shard_paths(directory) or [directory / 'tasks.jsonl']
   by_repo = collections.defaultdict(list)
   for path in paths:
     for t in task_lib.read(path):
       by_repo[t.repo].append(t)
   report = {repo: repo_report(directory, tasks) for repo, tasks in sorted(by_repo.items())}
-  if _FORGE.value:
+  if a.forge:
     for repo, tasks in by_repo.items():
-      report[repo]['forge'] = forge_report(directory, tasks, _WORKERS.value, _REPEATS.value)
+      report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats)
   total = collections.Counter()
   for r in report.values():
     total.update({f'points.{k}': v for k, v in r['points'].items()})
@@ -149,9 +155,9 @@ def main(argv):
   report['total'] = dict(sorted(total.items()))
   text = json.dumps(report, indent=1)
   print(text)
-  if _JSON.value:
-    Path(_JSON.value).write_text(text + '\n')
+  if a.json:
+    Path(a.json).write_text(text + '\n')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

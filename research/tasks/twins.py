@@ -439,7 +439,9 @@ def _unwrap(src: _Source, node: ast.With) -> Edit:
 def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site,
               vocab: list[str], rng: random.Random) -> tuple[str, Edit]:
   """The kind of twin, and the edit that turns the test (or, for a parametrized test, its case)
-  into it at the site's point."""
+  into it at the site's point; 'computed' for an `a == b` of two computed values (which the
+  test's value twin covers), with the negated assert that tasks made before value twins verified
+  there."""
   points = _points(test.func)
   point = site.point
   if not 0 <= point < len(points):
@@ -465,8 +467,7 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site
   if _expression_sides(node.test):
     return 'expression', _expression_change(src, node.test, site, vocab)
   if _equality(node.test):
-    raise TwinError(f'point {point} of {test.func.name} compares two computed values: the '
-                    "test's value twin covers it")
+    return 'computed', _negate(src, node.test)
   return 'negated', _negate(src, node.test)
 
 
@@ -546,14 +547,14 @@ def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
 def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, vocab: list[str],
                        rng: random.Random) -> tuple[str, Edit]:
   """`self.assertEqual(a, <literal>)` gets another literal (`self.assertEqual(a, b)` is the value
-  twin's); any other assertion its negation."""
+  twin's: 'computed'); any other assertion its negation."""
   end = src.span(node.func)[1]
   if _unittest_equality(node):
     found = _expected(ast.Compare(node.args[0], [ast.Eq()], [node.args[1]]))
     literal = _resolve(func, found[0]) if found else None
-    if literal is None:
-      raise TwinError(f'{func.name}: assertEqual of two computed values: the value twin covers it')
-    return 'literal', _change(src, literal, False, vocab, rng)
+    if literal is not None:
+      return 'literal', _change(src, literal, False, vocab, rng)
+    return 'computed', (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
   return 'negated', (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
 
 
@@ -717,6 +718,9 @@ class _Module:
   tree: ast.Module
   vocab: list[str]
   taken: set[str]  # Names a twin may not take.
+  # Whether an `a == b` of two computed values gets its negated assert (grading: sites of tasks
+  # made before value twins) or no twin (choosing sites: the test's value twin covers it).
+  negate_computed: bool = False
 
   @classmethod
   def parse(cls, text: str) -> '_Module':
@@ -770,7 +774,9 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edi
       kind, test_edits = 'value', _value_twin(mod.src, test, site, helper)
     else:
       kind, edit = _mutation(mod.src, test, None, site, mod.vocab, rng)
-      test_edits = [edit]
+      if kind == 'computed' and not mod.negate_computed:
+        raise TwinError(f"{site}: compares two computed values: the test's value twin covers it")
+      kind, test_edits = ('negated' if kind == 'computed' else kind), [edit]
     edits.append(_function_twin(mod.src, mod.tree, test, name, test_edits, rng))
     twins.append(Twin(test.prefix + name, site, kind))
   for group in groups.values():
@@ -783,7 +789,7 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edi
 
 
 def _plant_file(text: str, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
-  return _planted(_Module.parse(text), sites, rng)
+  return _planted(dataclasses.replace(_Module.parse(text), negate_computed=True), sites, rng)
 
 
 def _planted(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:

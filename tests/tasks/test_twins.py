@@ -316,6 +316,18 @@ def test_decorated_first():
   assert set(outcomes.values()) == {'failed'}
 
 
+def test_sites_of_tasks_made_before_value_twins_keep_their_negated_twins(tmp_path):
+  (tmp_path / 'test_mod.py').write_text(MODULE)
+  old = [twins.Site('test_mod.py::test_parse_joined', 0),
+         twins.Site('test_mod.py::DoubleCase::test_values', 3)]
+  assert not set(old) & set(twins.candidate_sites(tmp_path, [s.test for s in old]))
+  planted = twins.plant(tmp_path, old, random.Random(0))
+  text = (tmp_path / 'test_mod.py').read_text()
+  assert [t.kind for t in planted] == ['negated', 'negated']
+  assert 'assert not parse(SEP.join(WORDS)) == WORDS' in text
+  assert 'self.assertNotEqual(parse(SEP.join(WORDS)), WORDS)' in text
+
+
 def test_value_twins_in_grading(tmp_path):
   repo = fixtures.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
