@@ -125,7 +125,8 @@ def _args() -> argparse.Namespace:
   ap.add_argument('--forge', action='store_true',
                   help='Also grade references and an always-equal forger.')
   ap.add_argument('--workers', type=int, default=2, help='Graders in parallel (--forge).')
-  ap.add_argument('--repeats', type=int, default=1, help="Gradings of each task's forger (--forge).")
+  ap.add_argument('--repeats', type=int, default=1,
+                  help="Gradings of each task's forger (--forge).")
   ap.add_argument('--json', default=None, help='Also write the report here.')
   return ap.parse_args()
 

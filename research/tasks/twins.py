@@ -9,10 +9,11 @@ twin covers it; any other assert is negated, any other unittest assertion become
 (assertTrue/assertFalse, ...); a `with pytest.raises(...)` or `with self.assertRaises(...)` block
 loses its wrapper. A value twin (site point WHOLE, seeded) is the whole test with every
 `assert a == b` and `self.assertEqual(a, b)` counting, at run time, the comparisons where a side
-equals a changed copy of a side, and a last statement that requires the count (value_twin.py). Correct code gives the same compared value
-as in the original test, which equals the original expectation; the twin's expectation differs
-from that, so with builtin equality (transitive) the twin must fail. The factory checks this by
-running the original against two twins per point and keeps the points where both failed.
+equals a changed copy of a side, and a last statement that requires the count (value_twin.py).
+Correct code gives the same compared value as in the original test, which equals the original
+expectation; the twin's expectation differs from that, so with builtin equality (transitive) the
+twin must fail. The factory checks this by running the original against two twins per point and
+keeps the points where both failed.
 
 A twin looks like any other test: an extra parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
