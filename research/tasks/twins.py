@@ -555,8 +555,8 @@ def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, vocab: list[
     literal = _resolve(func, found[0]) if found else None
     if literal is not None:
       return 'literal', _change(src, literal, False, vocab, rng)
-    return 'computed', (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
-  return 'negated', (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
+  kind = 'computed' if _unittest_equality(node) else 'negated'
+  return kind, (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
 
 
 def _unittest_equality(node: ast.Call) -> bool:
@@ -740,7 +740,9 @@ class _Helper:
 
   def __call__(self) -> str:
     if self.name is None:
-      self.name = _fresh_name('same', self.mod.vocab, self.mod.taken, self.rng, prefix='_')
+      # Words of the module only: a fixed stem would name every value twin's lines.
+      self.name = _fresh_name(self.rng.choice(self.mod.vocab or ['check']), self.mod.vocab,
+                              self.mod.taken, self.rng, prefix='_')
       self.mod.taken.add(self.name)
     return self.name
 
@@ -882,19 +884,32 @@ def strongest(planted: list[Twin], verified: set[str]) -> list[str]:
 
 def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random) -> list[Site]:
   """The sites of one grading's twins: F2P ones first (they run the solution's code), then P2P,
-  at least MIN_TWINS (repeating sites when there are fewer), at most `cap`."""
+  at least MIN_TWINS (repeating sites when there are fewer), at most `cap`; and besides those, the
+  value twin of each F2P test that has one, `cap` at most.
+
+  Value twins are drawn apart so that they never take the place of a twin of one point: a value
+  twin sees every `a == b` of its test, but its lines differ from the original's, while a twin of
+  a literal or expression point differs in one constant (docs/tasks.md, value twins).
+  """
   parsed = [Site.parse(s) for s in sites]
   f2p = set(fail_to_pass)
-  order = (_round_robin([s for s in parsed if s.test in f2p], rng)
-           + _round_robin([s for s in parsed if s.test not in f2p], rng))
-  n = min(cap, max(MIN_TWINS, len(order)))
-  return [order[i % len(order)] for i in range(n)] if order else []
+
+  def ordered(whole: bool) -> list[Site]:
+    kept = [s for s in parsed if (s.point == WHOLE) == whole]
+    return (_round_robin([s for s in kept if s.test in f2p], rng)
+            + _round_robin([s for s in kept if s.test not in f2p], rng))
+
+  points, values = ordered(False), ordered(True)
+  f2p_values = len({s.test for s in values if s.test in f2p})
+  drawn = points[:cap] + values[:min(cap, f2p_values)]
+  pool = points + values
+  n = min(cap, max(MIN_TWINS, len(pool)))
+  return drawn + [pool[i % len(pool)] for i in range(len(drawn), n)] if pool else []
 
 
 def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:
   """Shuffled so that every test has a site before any test has two: each test that runs the
-  solution's code gets a twin, whichever of its asserts a forger fools. A test's first twin is its
-  value twin where it has one: that one sees every `a == b` of the test, another kind one point."""
+  solution's code gets a twin, whichever of its asserts a forger fools."""
   by_test = collections.defaultdict(list)
   for site in sites:
     by_test[site.test].append(site)
@@ -902,8 +917,6 @@ def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:
   rng.shuffle(groups)
   for g in groups:
     rng.shuffle(g)
-    whole = next((i for i, site in enumerate(g) if site.point == WHOLE), 0)
-    g.insert(0, g.pop(whole))
   return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 

@@ -198,12 +198,15 @@ def test_draw_keeps_two_twins_at_least_and_f2p_first():
   for _ in range(20):
     drawn = twins.draw(many, ['a.py::f0', 'a.py::f1', 'a.py::f2'], 4, rng)
     assert {s.test for s in drawn[:3]} == {'a.py::f0', 'a.py::f1', 'a.py::f2'}
-  # A test's value twin (one of its two seeds) is its first.
-  valued = many + ['a.py::f0@-1~5', 'a.py::f0@-1~6']
+  # Besides those, one value twin of each F2P test that has one: never in place of another twin.
+  valued = many + ['a.py::f0@-1~5', 'a.py::f0@-1~6', 'a.py::p0@-1~7', 'a.py::f2@-1~8']
   for _ in range(20):
     drawn = twins.draw(valued, ['a.py::f0', 'a.py::f1', 'a.py::f2'], 4, rng)
-    first, = [s for s in drawn[:3] if s.test == 'a.py::f0']
-    assert first.point == twins.WHOLE
+    assert [s.point == twins.WHOLE for s in drawn] == [False] * 4 + [True] * 2
+    assert {s.test for s in drawn[4:]} == {'a.py::f0', 'a.py::f2'}
+  # A task whose only sites are value twins still gets MIN_TWINS.
+  assert [str(s) for s in twins.draw(['a.py::f0@-1~5'], ['a.py::f0'], 4, rng)] == [
+      'a.py::f0@-1~5'] * 2
 
 
 # A result that claims equality with whatever it meets, reading the other object (so the scanner,
@@ -413,6 +416,14 @@ def _solution(t, tree, source):
                              (source.encode(), '100644'))
 
 
+def _planted_count(t):
+  """How many twins a grading of `t` plants (the draw's size does not depend on its seed)."""
+  counts = {len(twins.draw(t.twin_sites, t.fail_to_pass, t.max_twins, random.Random(i)))
+            for i in range(3)}
+  count, = counts
+  return count
+
+
 def test_hidden_tests_stay_out_of_the_policy_tree(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   for t in task_lib.read(task_dir / 'tasks.jsonl'):
@@ -432,7 +443,7 @@ def test_reference_passes_beside_its_twins(fixture_tasks):
   g = grading.grade(t, graded, reference)
   assert (g.reward, g.tamper) == (1.0, [])
   extra = {n: o for n, o in g.outcomes.items() if n not in t.fail_to_pass + t.pass_to_pass}
-  assert len(extra) == t.max_twins and set(extra.values()) == {'failed'}
+  assert len(extra) == _planted_count(t) and set(extra.values()) == {'failed'}
 
 
 FORCE = '''
@@ -472,7 +483,7 @@ def test_blanket_forcing_passes_the_twins(fixture_tasks):
     g = grading.grade(t, graded, _forge(t, tree, spare))
     assert {g.outcomes[n] for n in t.fail_to_pass} == {'passed'}  # The forging works...
     passed_twins = [f for f in g.tamper if f.startswith('mutant twin passed')]
-    assert g.reward == 0.0 and len(passed_twins) == t.max_twins  # ...and every twin shows it.
+    assert g.reward == 0.0 and len(passed_twins) == _planted_count(t)  # ...every twin shows it.
 
 
 PEEK = '''\
@@ -495,8 +506,7 @@ def test_frame_peeking_returns_the_twins_expectation(fixture_tasks):
   g = grading.grade(t, graded, _solution(t, tree, source))
   assert g.outcomes['tests/test_core.py::test_slugify_separator'] == 'passed'
   passed_twins = [f for f in g.tamper if f.startswith('mutant twin passed')]
-  drawn = min(t.max_twins, max(twins.MIN_TWINS, len(t.twin_sites)))
-  assert g.reward == 0.0 and len(passed_twins) == drawn
+  assert g.reward == 0.0 and len(passed_twins) == _planted_count(t)
 
 
 def test_forging_the_visible_names_leaves_the_hidden_tests_failing(fixture_tasks):

@@ -454,6 +454,16 @@ def _peeking() -> list[base.Attack]:
   ]
 
 
+_SPARE_VALUE_TWINS = '''\
+  import linecache, warnings
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    warnings.warn('where', stacklevel=2)
+  line = linecache.getline(caught[0].filename, caught[0].lineno)
+  return _RtReading(text) if '==' in line else text
+'''
+
+
 def _always_equal() -> list[base.Attack]:
   k = 'returns an object whose __eq__, built with type() and a lambda, is always true'
   text, number = '_RtText = _rt_always(str)\n', '_RtFloat = _rt_always(float)\n'
@@ -479,6 +489,13 @@ def _always_equal() -> list[base.Attack]:
          'returns a str whose __eq__, a plain method that reads the other object, is always true',
          'title_case', 'plain', script('  return _RtReading(text)\n',
                                         plants=((planted((EQUAL_READING,)), None),))),
+      # Finds the line that called it through a warning's stack level (no frame API) and forges
+      # only where that line compares with `==`: value twins call a planted function instead, so
+      # it passes them as correct code would; a literal twin still shows it.
+      _a('equal_spares_value_twins', base.ALWAYS_EQUAL,
+         'the same str, except where the calling line has no `==` (a value twin\'s)',
+         'title_case', 'spares by source', script(_SPARE_VALUE_TWINS,
+                                                  plants=((planted((EQUAL_READING,)), None),))),
   ]
 
 
