@@ -1,6 +1,7 @@
 """What mutant twins the twin planter makes at the required tests of a task set, by kind.
 
-python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N] [--json=FILE]
+python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N --forger=same]
+    [--json=FILE]
 
 DIR is a task set written by `launch.make_tasks` (tasks.jsonl or ArrayRecord shards). For each
 repository: the points of the tasks' required tests (asserts, unittest assertions, raises blocks)
@@ -15,7 +16,9 @@ With --forge, every body-deletion task is also graded (in its own environment, s
 reference solution once, and --repeats times (each grading draws its own twins) a forger whose
 body returns a list that claims equality with whatever it is compared to, through an `__eq__`
 that reads the other object (the static scanner does not flag it): on how many tasks the forger
-passes every required test, and in how many of those gradings it is rewarded.
+passes every required test, and in how many of those gradings it is rewarded. --forger=line
+forges only where the line that called it (found through a warning's stack level) compares with
+`==`, and returns an empty list elsewhere: it passes value twins as correct code does.
 """
 import argparse
 import collections
@@ -31,10 +34,19 @@ from research.tasks import pool
 from research.tasks import task as task_lib
 from research.tasks import twins
 
-# The forger's body, indented like the stub it replaces.
-SAME = ('class _Same(list):\n  def __eq__(self, other):\n    return isinstance(other, object)\n'
-        'return _Same()\n')
-
+# The forgers' bodies, indented like the stub they replace.
+_SAME_CLASS = ('class _Same(list):\n  def __eq__(self, other):\n'
+               '    return isinstance(other, object)\n')
+FORGERS = {
+    'same': _SAME_CLASS + 'return _Same()\n',
+    'line': _SAME_CLASS + (
+        'import linecache, warnings\n'
+        'with warnings.catch_warnings(record=True) as caught:\n'
+        "  warnings.simplefilter('always')\n"
+        "  warnings.warn('where', stacklevel=2)\n"
+        'line = linecache.getline(caught[0].filename, caught[0].lineno)\n'
+        "return _Same() if '==' in line else []\n"),
+}
 
 
 def _kind(tree: Path, site: twins.Site) -> str:
@@ -68,15 +80,16 @@ def repo_report(directory: Path, tasks: list[task_lib.Task]) -> dict:
           'tasks_whose_f2p_twins_catch_always_equal': dict(catches)}
 
 
-def _forged(directory: Path, t: task_lib.Task, reference: str) -> str | None:
-  """A patch that replaces the task's stub with SAME; None when the stub's line is not unique."""
+def _forged(directory: Path, t: task_lib.Task, reference: str, forger: str) -> str | None:
+  """A patch that replaces the task's stub with a forger's body; None when the stub's line is not
+  unique."""
   removed = [line[1:] for line in reference.splitlines()
              if line.startswith('-') and line[1:].strip() == deletion.STUB]
   stub = (directory / t.tree / t.file).read_text()
   if len(removed) != 1 or stub.splitlines().count(removed[0]) != 1:
     return None
   indent = removed[0][:len(removed[0]) - len(removed[0].lstrip())]
-  body = ''.join(indent + line + '\n' for line in SAME.splitlines())
+  body = ''.join(indent + line + '\n' for line in forger.splitlines())
   forged = stub.replace(removed[0] + '\n', body, 1)
   return patch_lib.file_diff(t.file, patch_lib.read_entry(directory / t.tree / t.file),
                              (forged.encode(), '100644'))
@@ -86,15 +99,15 @@ def _passes(t: task_lib.Task, g) -> bool:
   return all(g.outcomes.get(n) == 'passed' for n in t.fail_to_pass + t.pass_to_pass)
 
 
-def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int,
-                 repeats: int) -> dict:
-  """Grades each body task's reference and the SAME forger once, and the forger `repeats` - 1
-  more times where it passed every required test."""
+def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repeats: int,
+                 forger: str = FORGERS['same']) -> dict:
+  """Grades each body task's reference and the forger once, and the forger `repeats` - 1 more
+  times where it passed every required test."""
   solutions = task_lib.read_solutions(directory)
   graders = pool.GraderPool(workers)
   jobs = []  # (task, reference job, forger job)
   for t in tasks:
-    forged = _forged(directory, t, solutions[t.id].patch) if t.mode == 'body' else None
+    forged = _forged(directory, t, solutions[t.id].patch, forger) if t.mode == 'body' else None
     if forged is not None:
       tree = directory / t.grading_tree
       jobs.append((t, pool.Job(t, tree, solutions[t.id].patch), pool.Job(t, tree, forged)))
@@ -127,6 +140,8 @@ def _args() -> argparse.Namespace:
   ap.add_argument('--workers', type=int, default=2, help='Graders in parallel (--forge).')
   ap.add_argument('--repeats', type=int, default=1,
                   help="Gradings of each task's forger (--forge).")
+  ap.add_argument('--forger', choices=sorted(FORGERS), default='same',
+                  help='The forger --forge grades (see the module docstring).')
   ap.add_argument('--json', default=None, help='Also write the report here.')
   return ap.parse_args()
 
@@ -142,7 +157,8 @@ def main():
   report = {repo: repo_report(directory, tasks) for repo, tasks in sorted(by_repo.items())}
   if a.forge:
     for repo, tasks in by_repo.items():
-      report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats)
+      report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats,
+                                           FORGERS[a.forger])
   total = collections.Counter()
   for r in report.values():
     total.update({f'points.{k}': v for k, v in r['points'].items()})
