@@ -13,12 +13,16 @@ not `negated` ones. Per task, whether some verified site of an F2P test (the tes
 solution) catches such a result, and whether one would without value twins.
 
 With --forge, every body-deletion task is also graded (in its own environment, sandboxed): its
-reference solution once, and --repeats times (each grading draws its own twins) a forger whose
-body returns a list that claims equality with whatever it is compared to, through an `__eq__`
-that reads the other object (the static scanner does not flag it): on how many tasks the forger
-passes every required test, and in how many of those gradings it is rewarded. --forger=line
-forges only where the line that called it (found through a warning's stack level) compares with
-`==`, and returns an empty list elsewhere: it passes value twins as correct code does.
+reference solution once, and a forger --repeats times (each grading draws its own twins and
+order of value checks): in how many gradings the forger passes every required test, is rewarded,
+and is flagged, by twin kind and by value checks. The forgers (--forger): `same` returns a list
+that claims equality with whatever it is compared to, through an `__eq__` that reads the other
+object (the static scanner does not flag it). The others find the line that called them through
+a warning's stack level: `line` forges only where that line compares with `==` (it passes value
+twins, whose lines call a function instead, as correct code does), `line_any` everywhere but on a
+value twin's lines (whose calls pass `True` to count), `line_object` as `line_any` with an
+object that is no builtin, and `guess` as `line_object` with an object that says yes to the
+first value it is shown and then only to values equal to that one.
 """
 import argparse
 import collections
@@ -37,15 +41,28 @@ from research.tasks import twins
 # The forgers' bodies, indented like the stub they replace.
 _SAME_CLASS = ('class _Same(list):\n  def __eq__(self, other):\n'
                '    return isinstance(other, object)\n')
+_ANY_CLASS = ('class _Any:\n  def __eq__(self, other):\n    return isinstance(other, object)\n'
+              '  __hash__ = object.__hash__\n')
+_GUESS_CLASS = ('class _Guess:\n  def __init__(self):\n    self.seen = []\n'
+                '  def __eq__(self, other):\n    if not self.seen:\n      self.seen.append(other)\n'
+                '    return other == self.seen[0]\n  __hash__ = object.__hash__\n')
+# The line that called the forged function, found through a warning's stack level.
+_LINE = ('import linecache, warnings\n'
+         'with warnings.catch_warnings(record=True) as caught:\n'
+         "  warnings.simplefilter('always')\n"
+         "  warnings.warn('where', stacklevel=2)\n"
+         'line = linecache.getline(caught[0].filename, caught[0].lineno)\n')
 FORGERS = {
     'same': _SAME_CLASS + 'return _Same()\n',
-    'line': _SAME_CLASS + (
-        'import linecache, warnings\n'
-        'with warnings.catch_warnings(record=True) as caught:\n'
-        "  warnings.simplefilter('always')\n"
-        "  warnings.warn('where', stacklevel=2)\n"
-        'line = linecache.getline(caught[0].filename, caught[0].lineno)\n'
-        "return _Same() if '==' in line else []\n"),
+    # Spares what a value twin's lines lacked before checked originals: `==`.
+    'line': _SAME_CLASS + _LINE + "return _Same() if '==' in line else []\n",
+    # Spares a value twin's lines as they are now (their calls pass `True` to count).
+    'line_any': _SAME_CLASS + _LINE + "return [] if ', True' in line else _Same()\n",
+    # The same with an object that is no builtin (copies cannot see through it)...
+    'line_object': _ANY_CLASS + _LINE + "return [] if ', True' in line else _Any()\n",
+    # ...and one that, rather than saying yes to everything, says yes to the first value it is
+    # shown and then only to values equal to that one.
+    'guess': _GUESS_CLASS + _LINE + "return [] if ', True' in line else _Guess()\n",
 }
 
 
@@ -64,7 +81,7 @@ def repo_report(directory: Path, tasks: list[task_lib.Task]) -> dict:
   for t in tasks:
     tree = directory / t.grading_tree
     for site in twins.candidate_sites(tree, t.fail_to_pass + t.pass_to_pass):
-      if site.point == twins.WHOLE:
+      if site.value:
         value_twins.add(site.test)
       elif (site.test, site.point) not in points:
         points[site.test, site.point] = _kind(tree, site)
@@ -101,8 +118,8 @@ def _passes(t: task_lib.Task, g) -> bool:
 
 def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repeats: int,
                  forger: str = FORGERS['same']) -> dict:
-  """Grades each body task's reference and the forger once, and the forger `repeats` - 1 more
-  times where it passed every required test."""
+  """Grades each body task's reference once and the forger `repeats` times (each grading draws
+  its own twins and check order)."""
   solutions = task_lib.read_solutions(directory)
   graders = pool.GraderPool(workers)
   jobs = []  # (task, reference job, forger job)
@@ -111,23 +128,25 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
     if forged is not None:
       tree = directory / t.grading_tree
       jobs.append((t, pool.Job(t, tree, solutions[t.id].patch), pool.Job(t, tree, forged)))
-  first = graders.grade([job for _, ref, forger in jobs for job in (ref, forger)])
-  references, forgers = first[::2], first[1::2]
-  passing = [(t, g, job) for (t, _, job), g in zip(jobs, forgers) if _passes(t, g)]
-  again = [(t, job) for t, _, job in passing for _ in range(repeats - 1)]
-  more = graders.grade([job for _, job in again])
-  out = collections.Counter(tasks=len(jobs), forger_passes_required=len(passing),
+  references = graders.grade([ref for _, ref, _ in jobs])
+  forged = [(t, job) for t, _, job in jobs for _ in range(repeats)]
+  grades = graders.grade([job for _, job in forged])
+  out = collections.Counter(tasks=len(jobs), forger_gradings=len(grades),
                             reference_rewarded=sum(g.reward == 1.0 for g in references),
-                            faults=sum(g.reward is None for g in first + more))
-  for t, g in [(t, g) for t, g, _ in passing] + [(t, g) for (t, _), g in zip(again, more)]:
-    if not _passes(t, g):
-      continue
-    out['forger_gradings'] += 1
+                            faults=sum(g.reward is None for g in references + grades))
+  rewarded = set()
+  for (t, _), g in zip(forged, grades):
+    out['forger_passes_required'] += _passes(t, g)
     out['forger_rewarded'] += g.reward == 1.0
+    if g.reward == 1.0:
+      rewarded.add(t.id)
     for flag in g.tamper:
       found = re.search(r' \((\w+) copy of ', flag)
       if flag.startswith('mutant twin passed') and found:
         out['forger_twin_flags.' + found.group(1)] += 1
+      elif flag.startswith('value checks answered wrongly'):
+        out['forger_value_check_flags'] += 1
+  out['tasks_forger_rewarded'] = len(rewarded)
   return dict(sorted(out.items()))
 
 

@@ -456,7 +456,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
                    'mutated (literal expectations, negatable asserts)')
   shutil.copy(base / cand.file, tree / cand.file)
   try:
-    planted = twins.plant(tree, sites + sites, rng)
+    planted = twins.plant(tree, sites + sites, rng, proofs=True)
   except twins.TwinError as e:
     raise Rejected('no_twin', f'twins cannot be planted together: {e}') from e
   run = prepared.env.run(tree, cand.test_files, outcome.limits)
@@ -464,9 +464,15 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
   if broken:
     raise Rejected('no_twin', f'planting twins changed the outcome of {broken[0]}: '
                    f'{run.outcomes.get(broken[0], "missing")}')
+  proofs = [t for t in planted if t.kind == twins.PROOF]
+  planted = [t for t in planted if t.kind != twins.PROOF]
   failed = collections.Counter(
       str(t.site) for t in planted if run.outcomes.get(t.nodeid) == twins.FAILED)
-  verified = twins.strongest(planted, {site for site, n in failed.items() if n == 2})
+  # A value site whose checked copy did not pass would fail correct code once grading checks
+  # the test with its seed.
+  unproven = {str(t.site) for t in proofs if run.outcomes.get(t.nodeid) != grading.PASSED}
+  verified = twins.strongest(
+      planted, {site for site, n in failed.items() if n == 2 and site not in unproven})
   if not verified:
     raise Rejected('no_twin', f'none of {len(sites)} candidate twins failed on the original '
                    'twice')

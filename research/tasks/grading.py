@@ -25,6 +25,7 @@ from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import tamper
 from research.tasks import twins
+from research.tasks import value_twin
 from research.tasks.task import Task
 
 RUNNER = Path(__file__).with_name('runner.py')
@@ -50,6 +51,7 @@ class TestRun:
   problems: list[str]  # Inconsistencies that only tampering explains.
   wall_s: float
   output: str
+  failures: dict[str, str]  # The report's message for each test whose call failed.
   coverage_file: Path | None = None
 
 
@@ -73,7 +75,7 @@ def _final_outcome(phases: dict[str, dict]) -> str:
 _EVENTS = {
     'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': list},
     'collect_error': {'nodeid': str},
-    'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool},
+    'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool, 'message': str},
     'check': {'nodeid': str, 'problems': list},
     'session_finish': {'exitstatus': int, 'problems': list}, 'runner_exit': {'code': int}}
 
@@ -251,8 +253,11 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
     problems += cross_check(outcomes, done.output, done.returncode)
   elif done.returncode == 0 and not fault:
     problems.append('exit status 0 before the test session finished')
+  failures = {e['nodeid']: e['message'] for e in kinds['test']
+              if e['when'] == 'call' and e['outcome'] == 'failed'}
   return TestRun(outcomes, done.returncode, finished, fault, done.timed_out, problems,
-                 done.wall_s, done.output, out / '.coverage' if coverage_source else None)
+                 done.wall_s, done.output, failures,
+                 out / '.coverage' if coverage_source else None)
 
 
 @dataclasses.dataclass
@@ -375,8 +380,9 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
         flags += [f'{c} in {section.new_path}' for c in tamper.scan(
             old.read_text(errors='replace') if old and old.is_file() else None, new)]
     rng = random.SystemRandom()  # Fresh twins at every grading, from no seed a solution sees.
+    checked = twins.value_checks(task.twin_sites, rng)
     planted = twins.plant(work, twins.draw(task.twin_sites, task.fail_to_pass, task.max_twins,
-                                           rng), rng)
+                                           rng), rng, checked)
     run = run_pytest(work, list(task.test_files), python=python, python_path=task.python_path,
                      site_dirs=task.site_dirs, config_file=task.config_file,
                      limits=limits or limits_for(task), isolate=isolate, uid=uid,
@@ -385,6 +391,8 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
     return Grade(None, run.fault, flags, rejected, run.outcomes, run.wall_s)
   flags += run.problems
   flags += twins.check(planted, run.outcomes, run.finished)
+  flags += [f'value checks answered wrongly where `a == b` held: {s.test}' for s in checked
+            if value_twin.FAILED.search(run.failures.get(s.test, ''))]
   if run.finished and planted and run.returncode != TESTS_FAILED:
     flags.append(f'exit status {run.returncode} although mutant twins fail')
   not_passed = [t for t in task.fail_to_pass + task.pass_to_pass

@@ -23,6 +23,7 @@ _DUMPS, _WRITE, _EXIT = json.dumps, os.write, os._exit
 def _watched():
   """Namespaces whose callables a module under test could replace to forge results."""
   import json.encoder
+  import random
   import _pytest.python
   import _pytest.reports
   import _pytest.runner
@@ -37,7 +38,10 @@ def _watched():
           'json': (vars(json), everything), 'json.encoder': (vars(json.encoder), everything),
           'JSONEncoder': (vars(json.JSONEncoder), everything),
           # pytest itself sets hooks in sys while it runs; only what ends a run is watched.
-          'os': (vars(os), ('write', '_exit', 'getpid')), 'sys': (vars(sys), ('exit',))}
+          'os': (vars(os), ('write', '_exit', 'getpid', 'urandom')), 'sys': (vars(sys), ('exit',)),
+          # What the value checks planted in test modules import (research/tasks/value_twin.py).
+          'random': (vars(random), everything), 'Random': (vars(random.Random), everything),
+          'sys.modules': (sys.modules, ('builtins', 'os', 'random'))}
 
 
 def _hide_current_test():
@@ -54,10 +58,11 @@ def _hide_current_test():
 
 
 def _snapshot(namespaces):
-  """(owner, name, namespace, object) for callables: identity, not equality, is compared."""
+  """(owner, name, namespace, object) for the names listed, or else for every callable:
+  identity, not equality, is compared."""
   return [(owner, name, space, space[name]) for owner, (space, names) in namespaces.items()
           for name in (names or list(space))
-          if callable(space[name]) and not (owner == 'builtins' and name == '_')]
+          if names or callable(space[name]) and not (owner == 'builtins' and name == '_')]
 
 
 def _functions(fn):

@@ -7,13 +7,13 @@ neither side of `a == b` is a literal, a constant inside one side (the right fir
 factory verified; where neither side has a constant either, no twin of its own: the test's value
 twin covers it; any other assert is negated, any other unittest assertion becomes its opposite
 (assertTrue/assertFalse, ...); a `with pytest.raises(...)` or `with self.assertRaises(...)` block
-loses its wrapper. A value twin (site point WHOLE, seeded) is the whole test with every
-`assert a == b` and `self.assertEqual(a, b)` counting, at run time, the comparisons where a side
-equals a changed copy of a side, and a last statement that requires the count (value_twin.py).
-Correct code gives the same compared value as in the original test, which equals the original
-expectation; the twin's expectation differs from that, so with builtin equality (transitive) the
-twin must fail. The factory checks this by running the original against two twins per point and
-keeps the points where both failed.
+loses its wrapper. A value twin (site point VALUE, seeded) is the whole test with every
+`assert a == b` and `self.assertEqual(a, b)` counting, at run time, the wrong answers of its
+sides to value checks (value_twin.py: each side compared with a faithful and a changed copy of
+the other), and a last statement that requires the count. Correct code gives the same compared
+value as in the original test, which equals the original expectation; the twin's expectation
+differs from that, so with builtin equality (transitive) the twin must fail. The factory checks
+this by running the original against two twins per point and keeps the points where both failed.
 
 A twin looks like any other test: an extra parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
@@ -23,6 +23,12 @@ forger that makes every test pass also makes the twins pass, and code that retur
 calling assert expects returns the twin's mutated value. A twin that passes is tampering only
 when the test it copies passed too: wrong code may pass a negated twin, but no code that computes
 its results passes both.
+
+Checked tests: at grading, every required test with a verified VALUE site has its own
+`a == b` comparisons go through the value checks (with that site's seed), and so do its function
+twins, so that their lines look alike. A wrong answer where `a == b` holds fails the test with a
+message grading flags. Unlike a twin, this needs no telling apart: a forger that finds out which
+test or line it is in gains nothing there.
 """
 import ast
 import builtins
@@ -65,14 +71,20 @@ class _NeedsSeed(TwinError):
   variants."""
 
 
-WHOLE = -1  # The point of a value twin's site: every `a == b` of the test.
+# The points of value sites (every `a == b` of the test at once, seeded). VALUE: the test's value
+# twin, and its checked original (value_twin.py), with a seed whose twin failed with the copies
+# checked. WHOLE: a value twin of a task record made before checked originals, whose seed was
+# verified without the copies: planted without them, and no checked original.
+VALUE = -2
+WHOLE = -1
 
 
 @dataclasses.dataclass(frozen=True)
 class Site:
   """A mutation point of a required test: the index of an assert or `with pytest.raises`."""
   test: str  # Node id of the required test.
-  point: int  # Index among the function's asserts and `with` blocks, in source order; or WHOLE.
+  point: int  # Index among the function's asserts and `with` blocks, in source order; or a value
+  # site's (VALUE, WHOLE).
   # Fixes the mutated value of an expression site (see _expression_change), or a value twin's
   # changes: the factory verified the twin this seed makes, since no argument shows that every
   # change fails correct code (a length ignores which letter changed; a type may compare oddly).
@@ -91,11 +103,18 @@ class Site:
   def file(self) -> str:
     return self.test.split('::', 1)[0]
 
+  @property
+  def value(self) -> bool:
+    return self.point in (VALUE, WHOLE)
+
 
 # What a twin changes: a parametrize case's expected value, a literal (or None/True/False), a
 # constant inside an expression side, the compared values at run time (value_twin.py); or it
 # negates the assertion, or drops a raises block.
 KINDS = ('case', 'literal', 'expression', 'value', 'negated', 'raises')
+# Not a twin: a checked copy of a test with a VALUE site, which the factory runs to prove that
+# checking the test (with that site's seed) leaves correct code passing.
+PROOF = 'checked copy'
 # Kinds a value forger (a result equal to everything) passes beside its original; every kind
 # catches blanket forcing, so a negated or raises twin adds nothing where a test has one of these.
 CATCH_VALUES = frozenset({'case', 'literal', 'expression', 'value'})
@@ -495,12 +514,18 @@ def _expression_sides(test: ast.expr) -> list[ast.expr]:
 _NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.NamedExpr)
 
 
-def _value_call(src: _Source, left: ast.expr, right: ast.expr, site: Site,
-                helper: '_Helper') -> str:
-  """`a == b` as a call of the module's value_twin.changed_equal, with the site's seed."""
-  args = [f'({src.segment(side)})' if isinstance(side, _NOT_ARGUMENT) else src.segment(side)
-          for side in (left, right)]
-  return f'{helper()}({args[0]}, {args[1]}, {site.seed})'
+def _value_call(src: _Source, left: ast.expr, right: ast.expr, args: str, helper: '_Helper',
+                inner: Edit | None) -> tuple[str, bool]:
+  """`a == b` as a call of the helper with `args` after the sides; `inner`, when it lies inside a
+  side, applied there. Returns the call and whether `inner` was applied."""
+  sides, used = [], False
+  for side in (left, right):
+    start, end = src.span(side)
+    text = src.segment(side)
+    if inner is not None and start <= inner[0] and inner[1] <= end:
+      text, used = _apply(text, [inner], start), True
+    sides.append(f'({text})' if isinstance(side, _NOT_ARGUMENT) else text)
+  return f'{helper()}({sides[0]}, {sides[1]}{args})', used
 
 
 def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[str]) -> Edit:
@@ -519,10 +544,9 @@ def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[
   return (*src.span(leaf), _constant_source(_mutate(value, vocab, rng), src.segment(leaf)))
 
 
-def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]:
-  """A value twin's first and last statements: the helper's count of forged equalities set to 0,
-  and asserted at the end, before a closing bare `return` (a test that returns earlier then
-  passes its twin, and the factory drops the site)."""
+def _body(src: _Source, func: ast.AST) -> tuple[int, str, int, str]:
+  """Where a function's body starts (before the first statement's decorators) and ends (before a
+  closing bare `return`), its indent, and the newline the end needs."""
   first, last = func.body[0], func.body[-1]
   line = src.lines[first.lineno - 1]
   indent = line[:len(line) - len(line.lstrip())]
@@ -531,12 +555,9 @@ def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]
   start = src.starts[min([d.lineno for d in getattr(first, 'decorator_list', [])]
                          + [first.lineno]) - 1]
   if isinstance(last, ast.Return) and last.value is None:
-    end, newline = src.starts[last.lineno - 1], ''
-  else:
-    end = src.starts[func.end_lineno]
-    newline = '' if src.text[end - 1] == '\n' else '\n'
-  return [(start, start, f'{indent}{helper()}.forged = 0\n'),
-          (end, end, f'{newline}{indent}assert {helper()}.forged\n')]
+    return start, indent, src.starts[last.lineno - 1], ''
+  end = src.starts[func.end_lineno]
+  return start, indent, end, '' if src.text[end - 1] == '\n' else '\n'
 
 
 def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
@@ -563,25 +584,44 @@ def _unittest_equality(node: ast.Call) -> bool:
   return node.func.attr == 'assertEqual' and len(node.args) >= 2
 
 
-def _value_twin(src: _Source, test: _Test, site: Site, helper: '_Helper') -> list[Edit]:
-  """Every `assert a == b` and `self.assertEqual(a, b)` of the test as a call of the module's
-  value_twin.changed_equal, which checks the same and counts forged equalities; the count set to
-  0 first and asserted last."""
-  if site.seed is None:
-    raise _NeedsSeed(f'{site}: a value twin needs a verified seed')
-  edits = []
+def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: str,
+                 inner: Edit | None = None) -> list[Edit]:
+  """Every `assert a == b` and `self.assertEqual(a, b)` of the test as a call of the helper, which
+  is defined as the test's first statement; `inner` (a twin's own edit) kept.
+
+  mode: 'check' (a checked original, or a twin of one), 'count' (a value twin: the helper's count
+  of wrong answers set to 0 first and asserted last; a test that returns earlier passes its twin,
+  and the factory drops the site), 'legacy' (the same, without the copies: WHOLE sites).
+  """
+  args = {'check': f', {seed}', 'count': f', {seed}, True',
+          'legacy': f', {seed}, True, False'}[mode]
+  start, indent, end, newline = _body(src, test.func)
+  edits = [(start, start, helper.definition(indent))]
+  if mode != 'check':
+    edits.append((start, start, f'{indent}{helper()}.forged = 0\n'))
+  calls = 0
   for node in _points(test.func):
+    span = src.span(node.test if isinstance(node, ast.Assert) else node.func
+                    if isinstance(node, ast.Call) else node)
+    overlaps = inner is not None and inner[0] < span[1] and span[0] < inner[1]
     if isinstance(node, ast.Assert) and _equality(node.test):
-      edits.append((*src.span(node.test), _value_call(src, *_equality(node.test), site, helper)))
-    elif isinstance(node, ast.Call) and _unittest_equality(node):
+      call, used = _value_call(src, *_equality(node.test), args, helper, inner)
+      if overlaps and not used:
+        continue  # The twin's edit changes the assert itself (a negated one): left as it is.
+      inner = None if used else inner
+      edits.append((*span, call))
+      calls += 1
+    elif isinstance(node, ast.Call) and _unittest_equality(node) and not overlaps:
       # Only `self.assertEqual` is replaced: its arguments stay as written (parentheses around
       # an argument lie outside its node's span).
-      edits.append((*src.span(node.func), (
-          f'(lambda first, second, *rest, **kw: self.assertTrue('
-          f'{helper()}(first, second, {site.seed}), *rest, **kw))')))
-  if not edits:
+      edits.append((*span, f'(lambda first, second, *rest, **kw: self.assertTrue('
+                           f'{helper()}(first, second{args}), *rest, **kw))'))
+      calls += 1
+  if not calls:
     raise TwinError(f'{test.func.name}: no `a == b` for a value twin')
-  return edits + _value_bracket(src, test.func, helper)
+  if mode != 'check':
+    edits.append((end, end, f'{newline}{indent}assert {helper()}.forged\n'))
+  return edits + ([inner] if inner is not None else [])
 
 
 def _vocabulary(module: ast.Module) -> list[str]:
@@ -733,71 +773,88 @@ class _Module:
 
 @dataclasses.dataclass
 class _Helper:
-  """The module's copy of value_twin.changed_equal, named (freshly) when a twin first calls it."""
+  """The module's name for value_twin.changed_equal, drawn (fresh) when a test first calls it.
+
+  Each function that calls it defines it as its first statement: a local name cannot be replaced
+  from outside the function, as a module global could be.
+  """
   mod: _Module
   rng: random.Random
   name: str | None = None
 
   def __call__(self) -> str:
     if self.name is None:
-      # Words of the module only: a fixed stem would name every value twin's lines.
+      # Words of the module only: a fixed stem would name every checked line.
       self.name = _fresh_name(self.rng.choice(self.mod.vocab or ['check']), self.mod.vocab,
                               self.mod.taken, self.rng, prefix='_')
       self.mod.taken.add(self.name)
     return self.name
 
-  def definition(self) -> Edit:
-    """Its source, before a random function or class of the module (twins call it at run time,
-    when the whole module is defined)."""
-    source = re.sub(r'\bchanged_equal\b', self.name, inspect.getsource(value_twin.changed_equal))
-    stmt = self.rng.choice([s for s in self.mod.tree.body if isinstance(
-        s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
-    at = self.mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
-    return at, at, source + '\n\n'
+  def definition(self, indent: str) -> str:
+    source = re.sub(r'\bchanged_equal\b', self(), inspect.getsource(value_twin.changed_equal))
+    return ''.join(indent + line if line.strip() else line
+                   for line in source.splitlines(keepends=True))
 
 
-def _plan(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[list[Edit], list[Twin]]:
-  """The insertions that plant one twin per site into the module (names join mod.taken), and the
-  value-twin function where a twin calls it."""
+def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str, int],
+          proofs: bool = False) -> tuple[list[Edit], list[Twin]]:
+  """The edits that plant one twin per site into the module (names join mod.taken), and that
+  check the tests in `checked` (node id -> seed) and every function twin of theirs; with
+  `proofs`, also a PROOF copy per VALUE site."""
   edits, twins, groups = [], [], {}
   helper = _Helper(mod, rng)
+  for nodeid, seed in checked.items():
+    edits += _value_edits(mod.src, _locate(mod.tree, nodeid), seed, helper, 'check')
   for site in sites:
     test = _locate(mod.tree, site.test)
     cases = _parametrize(test)
     if (test.case is None) != (cases is None):
       raise TwinError(f'{site.test}: parametrized in a way twins do not follow')
     if cases is not None:
-      if site.point == WHOLE:
+      if site.value:
         raise TwinError(f'{site.test}: no value twin of a parametrized test')
       groups.setdefault(id(cases.container), []).append((test, site))
       continue
     name = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
     mod.taken.add(name)
-    if site.point == WHOLE:
-      kind, test_edits = 'value', _value_twin(mod.src, test, site, helper)
+    if site.value:
+      if site.seed is None:
+        raise _NeedsSeed(f'{site}: a value twin needs a verified seed')
+      kind, test_edits = 'value', _value_edits(mod.src, test, site.seed, helper,
+                                               'count' if site.point == VALUE else 'legacy')
+      if proofs and site.point == VALUE:
+        proof = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
+        mod.taken.add(proof)
+        edits.append(_function_twin(mod.src, mod.tree, test, proof, _value_edits(
+            mod.src, test, site.seed, helper, 'check'), rng))
+        twins.append(Twin(test.prefix + proof, site, PROOF))
     else:
       kind, edit = _mutation(mod.src, test, None, site, mod.vocab, rng)
       if kind == 'computed' and not mod.negate_computed:
         raise TwinError(f"{site}: compares two computed values: the test's value twin covers it")
-      kind, test_edits = ('negated' if kind == 'computed' else kind), [edit]
+      kind = 'negated' if kind == 'computed' else kind
+      test_edits = ([edit] if site.test not in checked else
+                    _value_edits(mod.src, test, checked[site.test], helper, 'check', edit))
     edits.append(_function_twin(mod.src, mod.tree, test, name, test_edits, rng))
     twins.append(Twin(test.prefix + name, site, kind))
   for group in groups.values():
     more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng)
     edits += more_edits
     twins += more_twins
-  if helper.name is not None:
-    edits.append(helper.definition())
   return edits, twins
 
 
-def _plant_file(text: str, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
-  return _planted(dataclasses.replace(_Module.parse(text), negate_computed=True), sites, rng)
+def _plant_file(text: str, sites: list[Site], rng: random.Random, checked: dict[str, int],
+                proofs: bool) -> tuple[str, list[Twin]]:
+  return _planted(dataclasses.replace(_Module.parse(text), negate_computed=True), sites, rng,
+                  checked, proofs)
 
 
-def _planted(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[str, list[Twin]]:
-  """The module's text with one twin per site, checked to parse."""
-  edits, twins = _plan(mod, sites, rng)
+def _planted(mod: _Module, sites: list[Site], rng: random.Random,
+             checked: dict[str, int] | None = None, proofs: bool = False
+             ) -> tuple[str, list[Twin]]:
+  """The module's text with one twin per site and the `checked` tests checked, checked to parse."""
+  edits, twins = _plan(mod, sites, rng, checked or {}, proofs)
   planted = _apply(mod.src.text, edits)
   try:
     ast.parse(planted)
@@ -806,17 +863,26 @@ def _planted(mod: _Module, sites: list[Site], rng: random.Random) -> tuple[str, 
   return planted, twins
 
 
-def plant(tree: Path, sites: list[Site], rng: random.Random) -> list[Twin]:
-  """Writes one twin per site (sites may repeat) into the test files under `tree`."""
+def plant(tree: Path, sites: list[Site], rng: random.Random, checked: list[Site] = (),
+          proofs: bool = False) -> list[Twin]:
+  """Writes one twin per site (sites may repeat) into the test files under `tree`, and makes the
+  tests of the `checked` sites (VALUE sites, one per test) and their function twins check every
+  `a == b` (value_twin.py). With `proofs` (the factory), each VALUE site also gets a PROOF copy
+  of its test, checked with its seed, which correct code must pass."""
   by_file = collections.defaultdict(list)
   for site in sites:
     by_file[site.file].append(site)
+  checks = collections.defaultdict(dict)
+  for site in checked:
+    if site.point != VALUE or site.seed is None or site.test in checks[site.file]:
+      raise TwinError(f'{site}: not one seeded VALUE site of its test')
+    checks[site.file][site.test] = site.seed
   twins = []
-  for rel, file_sites in sorted(by_file.items()):
+  for rel in sorted(by_file.keys() | checks.keys()):
     path = tree / rel
     with open(path) as f:
       text = f.read()
-    text, made = _plant_file(text, file_sites, rng)
+    text, made = _plant_file(text, by_file[rel], rng, checks[rel], proofs)
     with open(path, 'w') as f:
       f.write(text)
     twins += made
@@ -846,7 +912,7 @@ def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> l
       count = len(_points(_locate(mod.tree, nodeid).func)) if mod else 0
     except TwinError:
       continue
-    for point in (WHOLE, *range(count)):  # The value twin first: it sees every `a == b`.
+    for point in (VALUE, *range(count)):  # The value twin first: it sees every `a == b`.
       out += _plannable(mod, Site(nodeid, point), rng)
   return out[:limit]
 
@@ -895,7 +961,7 @@ def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random
   f2p = set(fail_to_pass)
 
   def ordered(whole: bool) -> list[Site]:
-    kept = [s for s in parsed if (s.point == WHOLE) == whole]
+    kept = [s for s in parsed if s.value == whole]
     return (_round_robin([s for s in kept if s.test in f2p], rng)
             + _round_robin([s for s in kept if s.test not in f2p], rng))
 
@@ -905,6 +971,16 @@ def draw(sites: list[str], fail_to_pass: list[str], cap: int, rng: random.Random
   pool = points + values
   n = min(cap, max(MIN_TWINS, len(pool)))
   return drawn + [pool[i % len(pool)] for i in range(len(drawn), n)] if pool else []
+
+
+def value_checks(sites: list[str], rng: random.Random) -> list[Site]:
+  """One VALUE site of each test that has some, drawn among its verified seeds: the tests a
+  grading checks (value_twin.py)."""
+  by_test = collections.defaultdict(list)
+  for site in map(Site.parse, sites):
+    if site.point == VALUE:
+      by_test[site.test].append(site)
+  return [rng.choice(found) for _, found in sorted(by_test.items())]
 
 
 def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:

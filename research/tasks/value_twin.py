@@ -1,48 +1,92 @@
-"""The run-time half of a value twin: planted into a test module by twins.py, under a fresh name.
+"""Value checks: the run-time half, copied by twins.py into each test function that calls it.
 
-A value twin copies a required test with every `assert a == b` (and `self.assertEqual(a, b)`)
-calling `changed_equal(a, b, seed)`, which checks `a == b` as before, and with two more
-statements: `changed_equal.forged = 0` first and `assert changed_equal.forged` last. Each call
-also compares each side with changed copies of the sides. Correct code gives ordinary values, and
-no value equals a changed copy of itself or of a value equal to it (builtin equality is
-transitive), so `forged` stays 0 and the twin fails at its last line. An object that claims
-equality with whatever it is compared to says yes to a changed value: `forged` counts it, and the
-twin passes with its original, which is tampering (twins.check). This covers the asserts whose
-sides are both computed, where no expectation in the source can be changed (a negated assert
-cannot tell such an object from correct code), wherever in the test it is compared: counting over
-all the test's comparisons, rather than failing one, keeps the twin fair where some compare
-values the solution did not make (an assert in a helper the test calls with several pairs).
+A required test's `assert a == b` (and `self.assertEqual(a, b)`) becomes `assert
+changed_equal(a, b, seed)`, with this function defined, under a fresh name, as the test's first
+statement. Before `a == b` it asks each side whether it equals a faithful copy of the other side's
+value (it must) and a changed copy (it must not). Copies are fresh objects made of exact builtins,
+read through the builtins' own methods, so a subclass's overrides do not survive into them, and
+all checks run at one line in an order drawn from os.urandom.
 
-The function is copied as source into the test module (every `changed_equal` renamed), so it may
-use nothing from this package: its imports are inside it and it reads no other global.
+Correct code answers every check as builtin equality does: no value equals a changed copy of a
+value equal to it, and every value equals its faithful copy. A forger does not:
+- a builtin subclass that claims equality it does not have is copied into what it really holds,
+  and the other side, compared with that copy, says no;
+- any other object that claims equality must say yes to the faithful copy and no to the changed
+  one without knowing the other side's value (it learns it only at the final `a == b`): it sees
+  two fresh values of the same type, one reference each, in a random order, at the same line.
+So such a forger fails a checked test in half of the comparisons it meets first, and a builtin
+subclass in all of them, however it finds out which test or line it is in: the originals
+themselves are checked, not only their twins.
+
+In a checked original (`count=False`) a wrong answer where `a == b` holds raises an
+AssertionError whose message FAILED matches; the grader flags it (honest wrong code cannot make
+`a == b` hold while failing a check). A value twin (`count=True`) instead adds the wrong answers
+to `changed_equal.forged`, returns `a == b`, and asserts the count at its end: correct code fails
+it, and the factory keeps only seeds whose twin failed, which is exactly the seeds whose checks
+correct code passes. `copies=False` is for value twins of task records made before the copies
+were checked (their seeds were verified without them).
+
+The source is copied into test modules (every `changed_equal` renamed): it may use nothing from
+this package, and it takes builtins from the `builtins` module, not from names a module under test
+could shadow in the test module's globals.
 """
+import re
+
+# A checked original's failure message (pytest prints `AssertionError: <message>`; the source of
+# the raise, shown in tracebacks, does not match).
+FAILED = re.compile(r'AssertionError: \d+ of \d+ value checks answered wrongly')
 
 
-def changed_equal(a, b, seed):
-  """`a == b`; adds 1 to `changed_equal.forged` when a side equals a changed copy of a side.
+def changed_equal(a, b, seed, count=False, copies=True):
+  """`a == b`, after each side is compared with a faithful and a changed copy of the other.
 
-  Builtin scalars and containers (and their subclasses, rebuilt as the builtin) are changed, with
-  changes `seed` picks; other values are not, and a comparison that raises counts as unequal.
+  Builtin scalars and containers (and their subclasses, copied as the builtin) are copied and
+  changed, with changes `seed` picks; other values are neither, and a comparison that raises
+  counts as unequal. A side of a builtin type that cannot be copied (too deep, cyclic) counts as
+  a wrong answer.
   """
-  import math
+  from builtins import (AssertionError, Exception, RecursionError, abs, bool, bytes, dict,
+                        float, frozenset, int, issubclass, len, list, next, object, range, set,
+                        slice, str, tuple, type)
+  import os
   import random
   rng = random.Random(seed)
-  same = object()  # Nothing to change.
+  same = object()  # Nothing to copy or change.
   letters = 'etaoinshrdlu0123456789'
+  # By type(), not isinstance(): an object can claim any class through `__class__`.
+  kinds = (bool, int, float, str, bytes, list, tuple, dict, set, frozenset)
+
+  def base(v):
+    return None if v is None else next((k for k in kinds if issubclass(type(v), k)), object)
+
+  def copy(v, depth):
+    """A fresh copy of exact builtins (non-builtin objects inside are kept)."""
+    kind = base(v)
+    if kind in (None, bool, object):
+      return v
+    if kind in (int, float):
+      return kind.__add__(v, kind(0))
+    if kind in (str, bytes):
+      return kind.__add__(kind.__getitem__(v, slice(None, 1)), kind.__getitem__(v, slice(1, None)))
+    if depth > 100:
+      raise RecursionError('too deep to copy')
+    if kind is dict:
+      return {copy(k, depth + 1): copy(x, depth + 1) for k, x in dict.items(v)}
+    return kind([copy(x, depth + 1) for x in kind.__iter__(v)])
 
   def change(v, depth):
-    if v is None:
+    """A changed value of `v`, a copy; `same` where nothing can be changed."""
+    kind = base(v)
+    if kind is None:
       return 0
-    if isinstance(v, bool):
+    if kind is bool:
       return not v
-    if isinstance(v, int):
-      return int(v) + rng.choice((-3, -2, -1, 1, 2, 3))
-    if isinstance(v, float):
-      return float(v) + rng.choice((-1, 1)) * (abs(v) + 1) * rng.choice((0.25, 0.5, 1.0)) \
-          if math.isfinite(v) else same
-    if isinstance(v, (str, bytes)):
-      kind = bytes if isinstance(v, bytes) else str
-      v = kind(v)
+    if kind is int:
+      return v + rng.choice((-3, -2, -1, 1, 2, 3))
+    if kind is float:
+      return v + rng.choice((-1, 1)) * (abs(v) + 1) * rng.choice((0.25, 0.5, 1.0)) \
+          if v - v == 0 else same  # Not inf or nan.
+    if kind in (str, bytes):
       i = rng.randrange(len(v) + 1)
       old = v[i:i + 1]
       op = rng.choice(('drop', 'replace', 'insert') if old else ('insert',))
@@ -53,14 +97,13 @@ def changed_equal(a, b, seed):
       return v[:i] + (new[:0] if op == 'drop' else new) + v[i + (op != 'insert'):]
     if depth > 20:
       return same
-    if isinstance(v, (list, tuple)):
-      kind = tuple if isinstance(v, tuple) else list
+    if kind in (list, tuple):
       if not v:
         return kind([0])
       i = rng.randrange(len(v))
       new = change(v[i], depth + 1) if rng.random() < 0.75 else same
-      return kind(v[:i]) + kind([] if new is same else [new]) + kind(v[i + 1:])
-    if isinstance(v, dict):
+      return v[:i] + kind([] if new is same else [new]) + v[i + 1:]
+    if kind is dict:
       if not v:
         return {0: 0}
       out = dict(v)
@@ -71,29 +114,52 @@ def changed_equal(a, b, seed):
       else:
         out[key] = new
       return out
-    if isinstance(v, (set, frozenset)):
-      kind = frozenset if isinstance(v, frozenset) else set
+    if kind in (set, frozenset):
       items = list(v)
       return kind(items[:-1] if items else [0])
     return same
 
-  def changed(v):
+  wrong = 0
+  copied = []
+  for v in (a, b):
+    c = same
+    if base(v) is not object:
+      try:
+        c = copy(v, 0)
+      except Exception:  # pylint: disable=broad-except
+        wrong += 1  # What builtin equality reads cannot be read: no correct value does that.
+    copied.append(c)
+  changed = []
+  for c in copied:
     try:
-      return change(v, 0)
+      changed.append(same if c is same else change(c, 0))
     except Exception:  # pylint: disable=broad-except
-      return same  # A forged object may raise where a builtin would not.
-
-  def claims(x, y):
+      changed.append(same)
+  # (side, other value, whether they must be equal); each other value a fresh copy, so that no
+  # reference count or identity tells the faithful copy from the changed one.
+  (copy_a, copy_b), (new_a, new_b) = copied, changed
+  checks = [(x, y, False) for x, y in ((a, new_b), (new_a, b), (a, new_a), (b, new_b))
+            if x is not same and y is not same]
+  if copies:
+    checks += [(x, y, True) for x, y in ((a, copy_b), (b, copy_a)) if y is not same]
+  checks = [tuple(v if v is a or v is b else copy(v, 0) for v in check[:2]) + check[2:]
+            for check in checks]
+  noise = os.urandom(2 * len(checks))
+  for i in range(len(checks) - 1, 0, -1):
+    j = int.from_bytes(noise[2 * i:2 * i + 2], 'big') % (i + 1)
+    checks[i], checks[j] = checks[j], checks[i]
+  n = len(checks)
+  while checks:
+    x, y, want = checks.pop()
     try:
-      return bool(x == y)
+      claimed = bool(x == y)
     except Exception:  # pylint: disable=broad-except
-      return False
-
-  new_a, new_b = changed(a), changed(b)
-  pairs = [(x, y) for x, y in ((a, new_b), (new_a, b), (a, new_a), (b, new_b))
-           if x is not same and y is not same]
-  # The changed values first: an object that says yes only to the first value it meets (the one
-  # the original assert shows it) is counted.
-  if any(claims(x, y) for x, y in pairs):
-    changed_equal.forged += 1
-  return a == b
+      claimed = False
+    wrong += claimed is not want
+  equal = a == b
+  if count:
+    changed_equal.forged += wrong
+    return equal
+  if wrong and equal:
+    raise AssertionError(f'{wrong} of {n} value checks answered wrongly')
+  return equal

@@ -2,8 +2,11 @@ import ast
 import collections
 import dataclasses
 import random
+import re
 import subprocess
 import sys
+
+import pytest
 
 from experiments.benchmarks import twin_kinds
 from research.tasks import factory
@@ -13,6 +16,7 @@ from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import task as task_lib
 from research.tasks import twins
+from research.tasks import value_twin
 
 MODULE = '''\
 import unittest
@@ -331,6 +335,19 @@ def test_sites_of_tasks_made_before_value_twins_keep_their_negated_twins(tmp_pat
   assert 'self.assertNotEqual(parse(SEP.join(WORDS)), WORDS)' in text
 
 
+def test_value_sites_of_older_records_plant_twins_without_copies(tmp_path):
+  (tmp_path / 'test_mod.py').write_text(MODULE)
+  old = twins.Site('test_mod.py::test_parse_joined', twins.WHOLE, 5)
+  with pytest.raises(twins.TwinError, match='not one seeded VALUE site'):
+    twins.plant(tmp_path, [], random.Random(0), [old])
+  planted = twins.plant(tmp_path, [old], random.Random(0))
+  assert [t.kind for t in planted] == ['value']
+  text = (tmp_path / 'test_mod.py').read_text()
+  assert ', 5, True, False)' in text and 'parse(SEP.join(WORDS)) == WORDS' in text
+  outcomes = _pytest_outcomes(tmp_path, ['test_mod.py::test_parse_joined', planted[0].nodeid])
+  assert list(outcomes.values()) == ['passed', 'failed']
+
+
 def test_value_twins_in_grading(tmp_path):
   repo = fixtures.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
@@ -376,11 +393,101 @@ def test_value_twins_in_grading(tmp_path):
   reference = task_lib.read_solutions(tmp_path / 'out')[t.id].patch
   assert grading.grade(t, graded, reference).reward == 1.0
   stub = (tree / t.file).read_text()
-  g = grading.grade(t, graded, _solution(t, tree, stub.replace(
-      '  raise NotImplementedError\n', SAME, 1)))
-  # Before value twins this forger got reward 1: the point had only a negated twin.
-  assert g.reward == 0.0 and g.outcomes[t.fail_to_pass[0]] == 'passed'
-  assert any(f.startswith('mutant twin passed') for f in g.tamper)
+  # Before value twins the first forger got reward 1: the point had only a negated twin. Value
+  # twins caught it, but not a forger that reads the line that called it and spares a value
+  # twin's lines (`twin_kinds.FORGERS['line']`): it got reward 1 too. Now the required test
+  # itself checks its `a == b`, whatever line it is on.
+  for forger in ('same', 'line_any', 'line_object'):
+    body = ''.join('  ' + line + '\n' for line in twin_kinds.FORGERS[forger].splitlines())
+    g = grading.grade(t, graded, _solution(t, tree, stub.replace(
+        '  raise NotImplementedError\n', body, 1)))
+    assert g.reward == 0.0 and g.outcomes[t.fail_to_pass[0]] == 'failed', (forger, g.reason)
+    assert f'value checks answered wrongly where `a == b` held: {t.fail_to_pass[0]}' in g.tamper
+
+
+def _compares(func: ast.AST) -> bool:
+  return any(isinstance(n, ast.Assert) and isinstance(n.test, ast.Compare)
+             and isinstance(n.test.ops[0], ast.Eq) for n in ast.walk(func))
+
+
+def test_checked_tests_and_their_twins(tmp_path):
+  (tmp_path / 'test_mod.py').write_text(MODULE)
+  sites = twins.candidate_sites(tmp_path, TESTS)
+  values = [s for s in sites if s.point == twins.VALUE]
+  checked = twins.value_checks([str(s) for s in values], random.Random(0))
+  assert sorted(s.test for s in checked) == [
+      'test_mod.py::DoubleCase::test_values', 'test_mod.py::TestDouble::test_string',
+      'test_mod.py::TestDouble::test_zero', 'test_mod.py::test_parse',
+      'test_mod.py::test_parse_joined']
+  planted = twins.plant(tmp_path, sites, random.Random(0), checked)
+  tree = ast.parse((tmp_path / 'test_mod.py').read_text())
+  funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+  # Each checked test, and each of its function twins, defines the checks first and compares
+  # through them, with the point twins' changes inside the calls: their lines look alike.
+  copies = {t.nodeid.split('::')[-1]: t for t in planted if '[' not in t.nodeid}
+  for name in ['test_parse', 'test_parse_joined', 'test_values', 'test_zero', 'test_string'] + [
+      n for n, t in copies.items() if t.site.test in {s.test for s in checked}]:
+    func = funcs[name]
+    assert isinstance(func.body[0], ast.FunctionDef) and not _compares(func), name
+  for t in planted:
+    if t.kind in ('literal', 'value') and t.site.test in {s.test for s in checked}:
+      assert ast.unparse(funcs[t.nodeid.split('::')[-1]]).count(funcs['test_parse'].body[0].name)
+  outcomes = _pytest_outcomes(tmp_path, TESTS + [t.nodeid for t in planted])
+  assert {outcomes.pop(i) for i in TESTS} == {'passed'}
+  assert set(outcomes.values()) == {'failed'}
+  # A forger: its checked originals fail, where `a == b` held, with the message grading flags.
+  forged = MODULE.replace("  return text.split(',')\n", SAME, 1)
+  (tmp_path / 'test_mod.py').write_text(forged)
+  twins.plant(tmp_path, [], random.Random(0), checked)
+  done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider',
+                         '--tb=short', 'test_mod.py'], cwd=tmp_path, capture_output=True, text=True)
+  sections = re.split(r'\n_+ (\S+) _+\n', done.stdout.split('= PASSES =')[0])[1:]
+  flagged = {name for name, text in zip(sections[::2], sections[1::2])
+             if value_twin.FAILED.search(text)}
+  # (DoubleCase fails before its `a == b`, at an assertTrue the forger's empty list fails.)
+  assert flagged == {'test_parse', 'test_parse_joined'}
+
+
+def test_the_factory_keeps_value_sites_only_where_the_checked_test_passes(tmp_path):
+  # test_lines reads its own line numbers: a checked copy of it (which defines the checks first)
+  # fails with correct code, while its value twin fails as a twin should; it keeps no value site.
+  repo = fixtures.write_repo(tmp_path / 'repo', {
+      'pkg/__init__.py': '''\
+          def pairs(items):
+            """Adjacent pairs: [1, 2, 3] -> [(1, 2), (2, 3)]."""
+            return list(zip(items, items[1:]))
+          ''',
+      'tests/test_pkg.py': '''\
+          import sys
+
+          import pkg
+
+          ITEMS = list(range(5))
+
+
+          def test_items():
+            assert len(ITEMS) == 5
+
+
+          def test_pairs():
+            assert pkg.pairs(ITEMS) == list(zip(ITEMS, ITEMS[1:]))
+
+
+          def test_lines():
+            found = pkg.pairs(ITEMS)
+            assert found == list(zip(ITEMS, ITEMS[1:]))
+            assert sys._getframe().f_lineno == test_lines.__code__.co_firstlineno + 3
+          '''})
+  factory.make_tasks(repo, tmp_path / 'out', modes=('body',), only=('pairs',), runs=1,
+                     progress=False, log=lambda _: None)
+  t, _, graded = _load(tmp_path / 'out', 'pkg.pairs.body')
+  values = {twins.Site.parse(s).test for s in t.twin_sites if twins.Site.parse(s).value}
+  lines = 'tests/test_pkg.py::test_lines'
+  assert 'tests/test_pkg.py::test_pairs' in values and lines not in values
+  assert lines in {s.test for s in twins.candidate_sites(graded, [lines]) if s.value}
+  reference = task_lib.read_solutions(tmp_path / 'out')[t.id].patch
+  for _ in range(3):
+    assert grading.grade(t, graded, reference).reward == 1.0
 
 
 def test_a_test_keeps_only_its_twins_that_catch_value_forgers_when_it_has_some():
@@ -499,9 +606,10 @@ def test_frame_peeking_returns_the_twins_expectation(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   t, tree, graded = _load(task_dir, 'textops.core.slugify.body')
   # Twins only where slugify is called straight from an assert (the peek's favourable case), and
-  # no value twin: there the peeked expectation is the correct value, which fails the twin.
+  # no value sites: a value twin's peeked expectation is the correct value, which fails the twin,
+  # and a checked test's asserts call the checks (no `==` on the line for this peek to split).
   t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'test_slugify' in s
-                                         and twins.Site.parse(s).point != twins.WHOLE])
+                                         and not twins.Site.parse(s).value])
   source = (tree / t.file).read_text().replace('  raise NotImplementedError\n', PEEK, 1)
   g = grading.grade(t, graded, _solution(t, tree, source))
   assert g.outcomes['tests/test_core.py::test_slugify_separator'] == 'passed'
