@@ -3,6 +3,8 @@ import ast
 import dataclasses
 import textwrap
 
+from research.tasks import syntax
+
 STUB = 'raise NotImplementedError'
 
 
@@ -41,7 +43,7 @@ def _symbol(node: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str) -> Symbol
 def symbols(source: str) -> list[Symbol]:
   """Module-level functions and methods of module-level classes (not nested functions)."""
   out = []
-  for node in ast.parse(source).body:
+  for node in syntax.parse(source).body:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
       out.append(_symbol(node, ''))
     elif isinstance(node, ast.ClassDef):
@@ -89,7 +91,7 @@ def delete_symbols(source: str, syms: list[Symbol]) -> tuple[str, str]:
 
 def _parses(source: str) -> bool:
   try:
-    ast.parse(source)
+    syntax.parse(source)
     return True
   except SyntaxError:
     return False
@@ -98,7 +100,7 @@ def _parses(source: str) -> bool:
 def _fill_empty_classes(source: str, drop: set[int]) -> str:
   lines = _lines(source)
   out = []
-  for node in ast.parse(source).body:
+  for node in syntax.parse(source).body:
     if isinstance(node, ast.ClassDef):
       body_lines = set(range(node.body[0].lineno - 1, node.end_lineno))
       if body_lines <= drop:
@@ -112,7 +114,7 @@ def _fill_empty_classes(source: str, drop: set[int]) -> str:
     if i not in drop:
       result.append(line)
   new = ''.join(result)
-  ast.parse(new)  # Raises if something else broke.
+  syntax.parse(new)  # Raises if something else broke.
   return new
 
 
@@ -120,7 +122,7 @@ def helpers(source: str, sym: Symbol) -> list[Symbol]:
   """Private module-level functions only `sym` (directly or through each other) uses."""
   if sym.in_class:
     return []
-  module = ast.parse(source)
+  module = syntax.parse(source)
   funcs = {s.name: s for s in symbols(source) if not s.in_class}
   chosen, todo = set(), [sym]
   while todo:
@@ -147,9 +149,9 @@ def parse_fragment(code: str) -> ast.Module:
   """Parses deleted code: a whole (possibly indented) definition, or a body parsed inside an
   `if` when it is not valid at the top level."""
   try:
-    return ast.parse(textwrap.dedent(code))
+    return syntax.parse(textwrap.dedent(code))
   except SyntaxError:
-    return ast.parse('if 1:\n' + code).body[0]
+    return syntax.parse('if 1:\n' + code).body[0]
 
 
 _BRANCHES = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler, ast.With,

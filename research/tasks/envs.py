@@ -25,6 +25,8 @@ import tomllib
 from packaging import requirements as req_lib
 from packaging import utils as pkg_utils
 
+from research.tasks import syntax
+
 TEST_EXTRAS = ('test', 'tests', 'testing')
 TOOLS = ('pytest', 'coverage')  # The factory's runner needs both inside the environment.
 _REQUIREMENT_FILES = ('requirements.txt', 'requirements-test.txt', 'requirements-tests.txt',
@@ -151,7 +153,7 @@ def _nox_installs(repo: Path) -> list[str]:
   if not path.is_file():
     return []
   try:
-    tree = ast.parse(path.read_text(errors='replace'))
+    tree = syntax.parse(path.read_text(errors='replace'))
   except SyntaxError:
     return []
   out = []

@@ -27,6 +27,8 @@ import dataclasses
 import itertools
 import re
 
+from research.tasks import syntax
+
 # Imports that reach into the test runner, the interpreter or the network.
 _MODULES = {
     '_pytest': 'imports pytest internals', 'pytest': 'imports pytest from the code under test',
@@ -608,7 +610,7 @@ def constructs(source: str) -> Findings:
   """What a module's source holds."""
   found = Findings(collections.Counter(), collections.Counter(), collections.Counter())
   try:
-    tree = ast.parse(source)
+    tree = syntax.parse(source)
   except (RecursionError, MemoryError):  # Python may still run what the ast module rejects.
     found.flags['expression too deep to check'] += 1
     return found

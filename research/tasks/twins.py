@@ -42,6 +42,7 @@ import re
 import string
 import typing
 
+from research.tasks import syntax
 from research.tasks import value_twin
 
 MIN_TWINS = 2
@@ -244,7 +245,7 @@ class _Cases:
 
   def case_values(self, text: str) -> list:
     """The argument values of a case written as `text`."""
-    value = ast.literal_eval(text)
+    value = syntax.literal(text)
     return [value] if self.single else list(value)
 
 
@@ -434,7 +435,7 @@ def _change(src: _Source, literal: ast.expr, singleton: bool, vocab: list[str],
     new = (rng.choice([s for s in _SINGLETONS if s is not value]) if singleton
            else _mutate(value, vocab, rng))
     edit = (*src.span(leaf), _constant_source(new, src.segment(leaf)))
-    if ast.literal_eval(_apply(src.text[start:end], [edit], start)) != old:
+    if syntax.literal(_apply(src.text[start:end], [edit], start)) != old:
       return edit
   raise TwinError(f'no mutation changes {src.segment(literal)[:60]}')
 
@@ -765,7 +766,7 @@ class _Module:
 
   @classmethod
   def parse(cls, text: str) -> '_Module':
-    tree = ast.parse(text)
+    tree = syntax.parse(text)
     taken = {n.name for n in ast.walk(tree) if isinstance(getattr(n, 'name', None), str)}
     taken |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     return cls(_Source(text), tree, _vocabulary(tree), taken)
@@ -857,7 +858,7 @@ def _planted(mod: _Module, sites: list[Site], rng: random.Random,
   edits, twins = _plan(mod, sites, rng, checked or {}, proofs)
   planted = _apply(mod.src.text, edits)
   try:
-    ast.parse(planted)
+    syntax.parse(planted)
   except SyntaxError as e:
     raise TwinError(f'twins broke the syntax: {e}') from e
   return planted, twins
