@@ -57,6 +57,19 @@ def _hide_current_test():
   _pytest.runner._update_current_test_var = update  # pylint: disable=protected-access
 
 
+# A constant of the value checks grading plants into test modules (research/tasks/value_twin.py).
+_VALUE_CHECKS = ' value checks answered wrongly'
+
+
+def _value_checks(items):
+  """The test modules' value-check functions, found by their message: tests call them at run
+  time, so replacing one later is tampering."""
+  modules = {id(m): m for m in (getattr(item, 'module', None) for item in items) if m is not None}
+  found = {f'test module {m.__name__}': (vars(m), [name for name, f in vars(m).items() if _VALUE_CHECKS in getattr(
+      getattr(f, '__code__', None), 'co_consts', ())]) for m in modules.values()}
+  return {owner: watched for owner, watched in found.items() if watched[1]}
+
+
 def _snapshot(namespaces):
   """(owner, name, namespace, object) for the names listed, or else for every callable:
   identity, not equality, is compared."""
@@ -181,6 +194,7 @@ class Reporter:
     self.watch({'PluginManager': (vars(pm), None),
                 'PluginManager class': (vars(type(pm)), None),
                 'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
+    self.watch(_value_checks(session.items))
     self.emit('collected', nodeids=sorted(item.nodeid for item in session.items))
 
   def pytest_runtest_logstart(self, nodeid, location):

@@ -587,8 +587,8 @@ def _unittest_equality(node: ast.Call) -> bool:
 
 def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: str,
                  inner: Edit | None = None) -> list[Edit]:
-  """Every `assert a == b` and `self.assertEqual(a, b)` of the test as a call of the helper, which
-  is defined as the test's first statement; `inner` (a twin's own edit) kept.
+  """Every `assert a == b` and `self.assertEqual(a, b)` of the test as a call of the helper;
+  `inner` (a twin's own edit) kept.
 
   mode: 'check' (a checked original, or a twin of one), 'count' (a value twin: the helper's count
   of wrong answers set to 0 first and asserted last; a test that returns earlier passes its twin,
@@ -597,9 +597,7 @@ def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: 
   args = {'check': f', {seed}', 'count': f', {seed}, True',
           'legacy': f', {seed}, True, False'}[mode]
   start, indent, end, newline = _body(src, test.func)
-  edits = [(start, start, helper.definition(indent))]
-  if mode != 'check':
-    edits.append((start, start, f'{indent}{helper()}.forged = 0\n'))
+  edits = [] if mode == 'check' else [(start, start, f'{indent}{helper()}.forged = 0\n')]
   calls = 0
   for node in _points(test.func):
     span = src.span(node.test if isinstance(node, ast.Assert) else node.func
@@ -772,12 +770,18 @@ class _Module:
     return cls(_Source(text), tree, _vocabulary(tree), taken)
 
 
+@functools.cache
+def _helper_source() -> str:
+  return inspect.getsource(value_twin.changed_equal)
+
+
 @dataclasses.dataclass
 class _Helper:
-  """The module's name for value_twin.changed_equal, drawn (fresh) when a test first calls it.
+  """The module's copy of value_twin.changed_equal, named (freshly) when a test first calls it.
 
-  Each function that calls it defines it as its first statement: a local name cannot be replaced
-  from outside the function, as a module global could be.
+  A module function: the runner watches it from the end of collection (a test module holds no
+  more than one, and each checked test or twin calling it a copy of its source would make failure
+  reports, which walk the module's syntax tree, cost seconds).
   """
   mod: _Module
   rng: random.Random
@@ -791,10 +795,14 @@ class _Helper:
       self.mod.taken.add(self.name)
     return self.name
 
-  def definition(self, indent: str) -> str:
-    source = re.sub(r'\bchanged_equal\b', self(), inspect.getsource(value_twin.changed_equal))
-    return ''.join(indent + line if line.strip() else line
-                   for line in source.splitlines(keepends=True))
+  def definition(self) -> Edit:
+    """Its source, before a random function or class of the module (tests call it at run time,
+    when the whole module is defined)."""
+    source = re.sub(r'\bchanged_equal\b', self.name, _helper_source())
+    stmt = self.rng.choice([s for s in self.mod.tree.body if isinstance(
+        s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
+    at = self.mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
+    return at, at, source + '\n\n'
 
 
 def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str, int],
@@ -842,6 +850,8 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str
     more_edits, more_twins = _case_twins(mod.src, group, mod.vocab, rng)
     edits += more_edits
     twins += more_twins
+  if helper.name is not None:
+    edits.append(helper.definition())
   return edits, twins
 
 

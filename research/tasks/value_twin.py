@@ -1,8 +1,9 @@
-"""Value checks: the run-time half, copied by twins.py into each test function that calls it.
+"""Value checks: the run-time half, copied by twins.py into each test module that calls it.
 
 A required test's `assert a == b` (and `self.assertEqual(a, b)`) becomes `assert
-changed_equal(a, b, seed)`, with this function defined, under a fresh name, as the test's first
-statement. Before `a == b` it asks each side whether it equals a faithful copy of the other side's
+changed_equal(a, b, seed)`, with this function defined in the module under a fresh name (the
+runner watches it from the end of collection, by its message, so replacing it later is flagged).
+Before `a == b` it asks each side whether it equals a faithful copy of the other side's
 value (it must) and a changed copy (it must not). Copies are fresh objects made of exact builtins,
 read through the builtins' own methods, so a subclass's overrides do not survive into them, and
 all checks run at one line in an order drawn from os.urandom.

@@ -155,6 +155,14 @@ def _trick():
   import sys, types
   sys.modules['random'] = types.ModuleType('random')
 '''),
+    'value checks replaced in the test module': ('patched at run time: test module', '''
+def _trick():
+  import sys
+  for module in list(sys.modules.values()):
+    for name, f in list(vars(module).items()):
+      if ' value checks answered wrongly' in getattr(getattr(f, '__code__', None), 'co_consts', ()):
+        setattr(module, name, lambda a, b, *rest: a == b)
+'''),
     'hook wrapper registered through the live config': ('pytest plugins or hooks changed', '''
 import pytest
 
