@@ -20,8 +20,8 @@ that claims equality with whatever it is compared to, through an `__eq__` that r
 object (the static scanner does not flag it). The others find the line that called them through
 a warning's stack level: `line` forges only where that line compares with `==` (it passes value
 twins, whose lines call a function instead, as correct code does), `line_any` everywhere but on a
-value twin's lines (whose calls pass `True` to count), `line_object` as `line_any` with an
-object that is no builtin, and `guess` as `line_object` with an object that says yes to the
+value twin's lines (whose calls pass `True` to count, then `copies`), `line_object` as `line_any`
+with an object that is no builtin, and `guess` as `line_object` with an object that says yes to the
 first value it is shown and then only to values equal to that one.
 """
 import argparse
@@ -56,13 +56,13 @@ FORGERS = {
     'same': _SAME_CLASS + 'return _Same()\n',
     # Spares what a value twin's lines lacked before checked originals: `==`.
     'line': _SAME_CLASS + _LINE + "return _Same() if '==' in line else []\n",
-    # Spares a value twin's lines as they are now (their calls pass `True` to count).
-    'line_any': _SAME_CLASS + _LINE + "return [] if ', True' in line else _Same()\n",
+    # Spares a value twin's lines as they are now (their calls pass `True` to count, then `copies`).
+    'line_any': _SAME_CLASS + _LINE + "return [] if ', True, ' in line else _Same()\n",
     # The same with an object that is no builtin (copies cannot see through it)...
-    'line_object': _ANY_CLASS + _LINE + "return [] if ', True' in line else _Any()\n",
+    'line_object': _ANY_CLASS + _LINE + "return [] if ', True, ' in line else _Any()\n",
     # ...and one that, rather than saying yes to everything, says yes to the first value it is
     # shown and then only to values equal to that one.
-    'guess': _GUESS_CLASS + _LINE + "return [] if ', True' in line else _Guess()\n",
+    'guess': _GUESS_CLASS + _LINE + "return [] if ', True, ' in line else _Guess()\n",
 }
 
 

@@ -62,12 +62,17 @@ _VALUE_CHECKS = ' value checks answered wrongly'
 
 
 def _value_checks(items):
-  """The test modules' value-check functions, found by their message: tests call them at run
-  time, so replacing one later is tampering."""
+  """The test modules' value-check functions, found by their message, and the builtins those
+  modules resolve names in: tests call the checks at run time, so replacing either later is
+  tampering."""
   modules = {id(m): m for m in (getattr(item, 'module', None) for item in items) if m is not None}
-  found = {f'test module {m.__name__}': (vars(m), [name for name, f in vars(m).items() if _VALUE_CHECKS in getattr(
-      getattr(f, '__code__', None), 'co_consts', ())]) for m in modules.values()}
-  return {owner: watched for owner, watched in found.items() if watched[1]}
+  found = {}
+  for m in modules.values():
+    names = [name for name, f in vars(m).items()
+             if _VALUE_CHECKS in getattr(getattr(f, '__code__', None), 'co_consts', ())]
+    if names:
+      found[f'test module {m.__name__}'] = (vars(m), names + ['__builtins__'])
+  return found
 
 
 def _snapshot(namespaces):

@@ -545,9 +545,10 @@ def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[
   return (*src.span(leaf), _constant_source(_mutate(value, vocab, rng), src.segment(leaf)))
 
 
-def _body(src: _Source, func: ast.AST) -> tuple[int, str, int, str]:
-  """Where a function's body starts (before the first statement's decorators) and ends (before a
-  closing bare `return`), its indent, and the newline the end needs."""
+def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]:
+  """A value twin's first and last statements: the helper's count of wrong answers set to 0,
+  and asserted at the end, before a closing bare `return` (a test that returns earlier then
+  passes its twin, and the factory drops the site)."""
   first, last = func.body[0], func.body[-1]
   line = src.lines[first.lineno - 1]
   indent = line[:len(line) - len(line.lstrip())]
@@ -556,9 +557,12 @@ def _body(src: _Source, func: ast.AST) -> tuple[int, str, int, str]:
   start = src.starts[min([d.lineno for d in getattr(first, 'decorator_list', [])]
                          + [first.lineno]) - 1]
   if isinstance(last, ast.Return) and last.value is None:
-    return start, indent, src.starts[last.lineno - 1], ''
-  end = src.starts[func.end_lineno]
-  return start, indent, end, '' if src.text[end - 1] == '\n' else '\n'
+    end, newline = src.starts[last.lineno - 1], ''
+  else:
+    end = src.starts[func.end_lineno]
+    newline = '' if src.text[end - 1] == '\n' else '\n'
+  return [(start, start, f'{indent}{helper()}.forged = 0\n'),
+          (end, end, f'{newline}{indent}assert {helper()}.forged\n')]
 
 
 def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
@@ -594,11 +598,9 @@ def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: 
   of wrong answers set to 0 first and asserted last; a test that returns earlier passes its twin,
   and the factory drops the site), 'legacy' (the same, without the copies: WHOLE sites).
   """
-  args = {'check': f', {seed}', 'count': f', {seed}, True',
+  args = {'check': f', {seed}, False, True', 'count': f', {seed}, True, True',
           'legacy': f', {seed}, True, False'}[mode]
-  start, indent, end, newline = _body(src, test.func)
-  edits = [] if mode == 'check' else [(start, start, f'{indent}{helper()}.forged = 0\n')]
-  calls = 0
+  edits, calls = [], 0
   for node in _points(test.func):
     span = src.span(node.test if isinstance(node, ast.Assert) else node.func
                     if isinstance(node, ast.Call) else node)
@@ -619,7 +621,7 @@ def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: 
   if not calls:
     raise TwinError(f'{test.func.name}: no `a == b` for a value twin')
   if mode != 'check':
-    edits.append((end, end, f'{newline}{indent}assert {helper()}.forged\n'))
+    edits += _value_bracket(src, test.func, helper)
   return edits + ([inner] if inner is not None else [])
 
 
@@ -777,12 +779,9 @@ def _helper_source() -> str:
 
 @dataclasses.dataclass
 class _Helper:
-  """The module's copy of value_twin.changed_equal, named (freshly) when a test first calls it.
-
-  A module function: the runner watches it from the end of collection (a test module holds no
-  more than one, and each checked test or twin calling it a copy of its source would make failure
-  reports, which walk the module's syntax tree, cost seconds).
-  """
+  """The module's copy of value_twin.changed_equal, named (freshly) when a test first calls it;
+  the runner watches it from the end of collection. One copy per module: pytest's failure
+  reports walk the module's syntax tree, and a copy in each test made that cost seconds."""
   mod: _Module
   rng: random.Random
   name: str | None = None

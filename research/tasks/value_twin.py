@@ -19,12 +19,12 @@ So such a forger fails a checked test in half of the comparisons it meets first,
 subclass in all of them, however it finds out which test or line it is in: the originals
 themselves are checked, not only their twins.
 
-In a checked original (`count=False`) a wrong answer where `a == b` holds raises an
+In a checked original (`count` false) a wrong answer where `a == b` holds raises an
 AssertionError whose message FAILED matches; the grader flags it (honest wrong code cannot make
-`a == b` hold while failing a check). A value twin (`count=True`) instead adds the wrong answers
+`a == b` hold while failing a check). A value twin (`count` true) instead adds the wrong answers
 to `changed_equal.forged`, returns `a == b`, and asserts the count at its end: correct code fails
 it, and the factory keeps only seeds whose twin failed, which is exactly the seeds whose checks
-correct code passes. `copies=False` is for value twins of task records made before the copies
+correct code passes. `copies` false is for value twins of task records made before the copies
 were checked (their seeds were verified without them).
 
 The source is copied into test modules (every `changed_equal` renamed): it may use nothing from
@@ -38,8 +38,11 @@ import re
 FAILED = re.compile(r'AssertionError: \d+ of \d+ value checks answered wrongly')
 
 
-def changed_equal(a, b, seed, count=False, copies=True):
+def changed_equal(a, b, seed, count, copies):
   """`a == b`, after each side is compared with a faithful and a changed copy of the other.
+
+  Every call passes `count` and `copies`: defaults live on the function object, where code under
+  test could change them without replacing the function.
 
   Builtin scalars and containers (and their subclasses, copied as the builtin) are copied and
   changed, with changes `seed` picks; other values are neither, and a comparison that raises

@@ -163,6 +163,14 @@ def _trick():
       if ' value checks answered wrongly' in getattr(getattr(f, '__code__', None), 'co_consts', ()):
         setattr(module, name, lambda a, b, *rest: a == b)
 '''),
+    'builtins of a checked test module swapped': ('__builtins__', '''
+def _trick():
+  import sys
+  for module in list(sys.modules.values()):
+    if any(' value checks answered wrongly' in getattr(getattr(f, '__code__', None), 'co_consts',
+                                                       ()) for f in list(vars(module).values())):
+      module.__builtins__ = dict(vars(__import__('builtins')))
+'''),
     'hook wrapper registered through the live config': ('pytest plugins or hooks changed', '''
 import pytest
 

@@ -348,6 +348,15 @@ def test_value_sites_of_older_records_plant_twins_without_copies(tmp_path):
   assert list(outcomes.values()) == ['passed', 'failed']
 
 
+COUNTING = """\
+import sys
+for module in list(sys.modules.values()):
+  for f in list(vars(module).values()):
+    if ' value checks answered wrongly' in getattr(getattr(f, '__code__', None), 'co_consts', ()):
+      f.__defaults__ = (True, True)
+"""
+
+
 def test_value_twins_in_grading(tmp_path):
   repo = fixtures.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
@@ -397,8 +406,11 @@ def test_value_twins_in_grading(tmp_path):
   # twins caught it, but not a forger that reads the line that called it and spares a value
   # twin's lines (`twin_kinds.FORGERS['line']`): it got reward 1 too. Now the required test
   # itself checks its `a == b`, whatever line it is on.
-  for forger in ('same', 'line_any', 'line_object'):
-    body = ''.join('  ' + line + '\n' for line in twin_kinds.FORGERS[forger].splitlines())
+  # The last also switches the checks to counting through their defaults (which no call uses).
+  for forger in ('same', 'line_any', 'line_object', 'line_object_counting'):
+    body = ''.join('  ' + line + '\n' for line in (
+        COUNTING + twin_kinds.FORGERS['line_object'] if forger == 'line_object_counting'
+        else twin_kinds.FORGERS[forger]).splitlines())
     g = grading.grade(t, graded, _solution(t, tree, stub.replace(
         '  raise NotImplementedError\n', body, 1)))
     assert g.reward == 0.0 and g.outcomes[t.fail_to_pass[0]] == 'failed', (forger, g.reason)

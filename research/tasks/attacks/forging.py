@@ -471,7 +471,7 @@ _SPARE_VALUE_TWINS = '''\
     warnings.simplefilter('always')
     warnings.warn('where', stacklevel=2)
   line = linecache.getline(caught[0].filename, caught[0].lineno)
-  return text if ', True' in line else FORGED(text)
+  return text if ', True, ' in line else FORGED(text)
 '''
 
 
@@ -501,7 +501,7 @@ def _always_equal() -> list[base.Attack]:
          'title_case', 'plain', script('  return _RtReading(text)\n',
                                         plants=((planted((EQUAL_READING,)), None),))),
       # Finds the line that called it through a warning's stack level (no frame API) and forges
-      # except on a value twin's lines (their calls pass `True` to count), so it passes value
+      # except on a value twin's lines (their calls pass `count` True), so it passes value
       # twins as correct code would; the required tests' own value checks still show it.
       _a('equal_spares_value_twins', base.ALWAYS_EQUAL,
          'the same str, except where the calling line is a value twin\'s',
