@@ -40,16 +40,19 @@ def _symbol(node: ast.FunctionDef | ast.AsyncFunctionDef, prefix: str) -> Symbol
                 rest[0].col_offset if rest else 0, bool(prefix), names)
 
 
-def symbols(source: str) -> list[Symbol]:
-  """Module-level functions and methods of module-level classes (not nested functions)."""
-  out = []
+def _functions(source: str):
+  """(qualname prefix, node) of module-level functions and methods of module-level classes."""
   for node in syntax.parse(source).body:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      out.append(_symbol(node, ''))
+      yield '', node
     elif isinstance(node, ast.ClassDef):
-      out += [_symbol(n, node.name + '.') for n in node.body
-              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-  return out
+      yield from ((node.name + '.', n) for n in node.body
+                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+def symbols(source: str) -> list[Symbol]:
+  """Module-level functions and methods of module-level classes (not nested functions)."""
+  return [_symbol(node, prefix) for prefix, node in _functions(source)]
 
 
 def _lines(source: str) -> list[str]:
@@ -61,12 +64,57 @@ def delete_body(source: str, sym: Symbol) -> tuple[str, str]:
 
   Returns (new source, deleted text).
   """
+  return replace_body(source, sym, STUB)
+
+
+def replace_body(source: str, sym: Symbol, body: str) -> tuple[str, str]:
+  """Keeps decorators, signature and docstring; the body becomes `body` (a statement).
+
+  Returns (new source, replaced text).
+  """
   if not sym.body_start:
     raise ValueError(f'{sym.qualname} has no body to delete besides its docstring')
   lines = _lines(source)
   removed = lines[sym.body_start - 1:sym.end]
-  stub = ' ' * sym.body_indent + STUB + '\n'
+  stub = ' ' * sym.body_indent + body + '\n'
   return ''.join(lines[:sym.body_start - 1] + [stub] + lines[sym.end:]), ''.join(removed)
+
+
+# Bodies a solver that does not do the work writes first. Tests that every one of these fails
+# are what make a task worth a reward.
+TRIVIAL = ('return None', 'return True', 'return False', 'return 0', "return ''", 'return []',
+           'return {}')
+
+
+def trivial_bodies(source: str, sym: Symbol) -> list[str]:
+  """TRIVIAL, and the echoes of the function's own inputs (`return self`, the first argument).
+
+  A generator's trivial body yields nothing (in a form valid for async generators too).
+  """
+  prefix, node = next((p, n) for p, n in _functions(source) if _symbol(n, p) == sym)
+  if _is_generator(node):
+    return ['if False: yield']
+  params = [a.arg for a in node.args.posonlyargs + node.args.args]
+  decorators = {d.id for d in node.decorator_list if isinstance(d, ast.Name)}
+  bound = bool(prefix) and 'staticmethod' not in decorators and params
+  out = list(TRIVIAL)
+  if bound:
+    out.append(f'return {params.pop(0)}')
+  if params:
+    out.append(f'return {params[0]}')
+  return out
+
+
+def _is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+  """Whether the function's own body yields (nested scopes are not its body)."""
+  todo = list(function.body)
+  while todo:
+    node = todo.pop()
+    if isinstance(node, (ast.Yield, ast.YieldFrom)):
+      return True
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+      todo.extend(ast.iter_child_nodes(node))
+  return False
 
 
 def delete_symbols(source: str, syms: list[Symbol]) -> tuple[str, str]:

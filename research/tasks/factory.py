@@ -4,8 +4,9 @@ Per repository: the suite runs three times in the sandbox (the first under cover
 functions to the tests that execute them); tests that do not pass all three times are dropped.
 Per candidate (a function and a deletion mode), the gates are: the package still imports; at
 least one test fails (FAIL_TO_PASS) and one still passes (PASS_TO_PASS); the rebuilt policy tree
-and the environment hold no copy of the deleted code; and the original, graded as a solution in
-the grading sandbox, gets reward 1. A failing candidate is recorded with its gate, never fatal.
+and the environment hold no copy of the deleted code; no trivial body (`return True`, the first
+argument, ...) passes every FAIL_TO_PASS test; twins of the tests fail on the original; and the
+original, graded as a solution in the grading sandbox, gets reward 1. A failing candidate is recorded with its gate, never fatal.
 """
 import collections
 import dataclasses
@@ -37,7 +38,7 @@ from research.tasks import twins
 from research.tasks.task import Solution, Task
 
 GATES = ('not_deletable', 'no_covering_test', 'original_flagged', 'not_importable',
-         'no_fail_to_pass', 'no_pass_to_pass', 'leak', 'no_twin', 'reference_fails',
+         'no_fail_to_pass', 'no_pass_to_pass', 'leak', 'weak_tests', 'no_twin', 'reference_fails',
          'harness_fault', 'error')
 # Twin sites verified per task: enough variety for gradings that plant a few at a time.
 _TWIN_SITES = 16
@@ -438,6 +439,24 @@ def _run_deleted(deleted_tree: Path, cand: Candidate, prepared: Prepared) -> _Ou
   return _Outcome(f2p, p2p, limits)
 
 
+def _weak_tests(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
+                prepared: Prepared) -> None:
+  """Rejects the candidate when a trivial body (`return True`, ...) passes every F2P test.
+
+  Tests like these reward a solver that does not do the work, and twins cannot tell: an honest
+  wrong body behaves on them as the original does. One run per body, which stops at the first
+  failing test. `tree` (the deleted state) is left with the last body in cand.file.
+  """
+  original = (base / cand.file).read_text()
+  if not cand.symbol.body_start:
+    return  # Only a docstring: no body to make trivial.
+  for body in deletion.trivial_bodies(original, cand.symbol):
+    (tree / cand.file).write_text(deletion.replace_body(original, cand.symbol, body)[0])
+    run = prepared.env.run(tree, [*outcome.fail_to_pass, '--maxfail=1'], outcome.limits)
+    if all(run.outcomes.get(t) == grading.PASSED for t in outcome.fail_to_pass):
+      raise Rejected('weak_tests', f'`{body}` passes every FAIL_TO_PASS test')
+
+
 def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
                   prepared: Prepared, seed: int) -> list[str]:
   """Sites where twins fail on the original: two twins per candidate site, in one run.
@@ -501,6 +520,7 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settin
       leaks = scrub.scan_tree(tree, prints) + env_leaks
       if leaks:
         raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
+      _weak_tests(deleted_tree, base, cand, outcome, prepared)
       sites = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
     task = _task(cand, out, tree, graded, outcome, prepared, settings, sites, removed)
     solution = Solution(cand.id, patch_lib.file_diff(

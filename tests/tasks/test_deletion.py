@@ -79,3 +79,80 @@ def test_cyclomatic_size_of_deleted_code():
   body = '    try:\n        return 1\n    except ValueError:\n        return 2\n'
   assert deletion.cyclomatic(body) == 2  # Parsed inside an `if`, which does not count.
   assert deletion.cyclomatic('    return 2\n') == 1
+
+
+TRIVIAL_SOURCE = '''\
+class Pair:
+
+  def __eq__(self, other):
+    """Equal parts."""
+    return self.parts == other.parts
+
+  @staticmethod
+  def make(a, b):
+    return Pair(a, b)
+
+  @property
+  def first(self):
+    return self.parts[0]
+
+  @first.setter
+  def first(self, value):
+    self.parts = (value, self.parts[1])
+
+
+def chunks(items, size):
+  def inner():
+    yield 0
+  for i in range(0, len(items), size):
+    yield items[i:i + size]
+
+
+async def stream(n):
+  for i in range(n):
+    yield i
+
+
+def collect(items):
+  return [(lambda: (yield))() for _ in items]
+
+
+def noargs():
+  return 1
+'''
+
+
+def _trivial(qualname, start=None):
+  sym = next(s for s in deletion.symbols(TRIVIAL_SOURCE)
+             if s.qualname == qualname and start in (None, s.start))
+  return sym, deletion.trivial_bodies(TRIVIAL_SOURCE, sym)
+
+
+def test_trivial_bodies_echo_inputs_and_yield_nothing_from_generators():
+  constants = list(deletion.TRIVIAL)
+  assert _trivial('Pair.__eq__')[1] == constants + ['return self', 'return other']
+  assert _trivial('Pair.make')[1] == constants + ['return a']  # No self: a staticmethod.
+  setter = max(s.start for s in deletion.symbols(TRIVIAL_SOURCE) if s.qualname == 'Pair.first')
+  assert _trivial('Pair.first', setter)[1] == constants + ['return self', 'return value']
+  assert _trivial('chunks')[1] == _trivial('stream')[1] == ['if False: yield']
+  # A yield inside a nested function or lambda does not make the outer one a generator.
+  assert _trivial('collect')[1] == constants + ['return items']
+  assert _trivial('noargs')[1] == constants
+
+
+def test_every_trivial_body_replaces_the_body_and_behaves_as_written():
+  for sym in deletion.symbols(TRIVIAL_SOURCE):
+    for body in deletion.trivial_bodies(TRIVIAL_SOURCE, sym):
+      new, replaced = deletion.replace_body(TRIVIAL_SOURCE, sym, body)
+      assert replaced.strip() and replaced.strip() not in new
+      namespace = {}
+      exec(compile(new, 'm.py', 'exec'), namespace)
+      if sym.qualname == 'chunks':
+        assert list(namespace['chunks']([1, 2, 3], 2)) == []
+  new, _ = deletion.replace_body(TRIVIAL_SOURCE, _trivial('Pair.__eq__')[0], 'return True')
+  namespace = {}
+  exec(compile(new, 'm.py', 'exec'), namespace)
+  assert namespace['Pair']() == object() and namespace['Pair'].__eq__.__doc__ == 'Equal parts.'
+  with pytest.raises(ValueError, match='no body'):
+    deletion.replace_body(SOURCE, next(s for s in deletion.symbols(SOURCE)
+                                       if s.qualname == 'doc_only'), 'return 1')

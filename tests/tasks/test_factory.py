@@ -125,3 +125,61 @@ def test_near_duplicates_are_dropped_by_code_or_by_hole(fixture_tasks, tmp_path)
   assert dropped == [
       {'candidate': c.id, 'gate': 'duplicate', 'detail': f'same hole as {b.id}'},
       {'candidate': moved.id, 'gate': 'duplicate', 'detail': f'same deleted code as {a.id}'}]
+
+
+def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
+  repo = fixtures.write_repo(tmp_path / 'weak', {
+      'pkg/__init__.py': '''\
+          class Tag:
+
+            def __init__(self, tag_label):
+              self.tag_label = tag_label
+
+            def __eq__(self, other):
+              return self.tag_label.casefold() == other.tag_label.casefold()
+
+
+          def clean(text):
+            return text.strip(' -~')
+
+
+          def double(x):
+            return x + x + 0 * len(str(x))
+
+
+          def log(message, sink):
+            sink.append(message.upper().lower())
+          ''',
+      'tests/test_pkg.py': '''\
+          import pkg
+
+
+          def test_tags():
+            assert pkg.Tag('a') == pkg.Tag('a')
+
+
+          def test_clean():
+            assert pkg.clean('abc') == 'abc'
+
+
+          def test_double():
+            assert pkg.double(3) == 6
+
+
+          def test_log():
+            sink = []
+            pkg.log('x', sink)
+            assert sink == ['x']
+          '''})
+  out = tmp_path / 'out'
+  summary = factory.make_tasks(repo, out, modes=('body',), only=('Tag.__eq__', 'clean', 'double',
+                                                                  'log'),
+                               progress=False, log=lambda _: None)
+  with open(out / 'rejected.jsonl') as f:
+    rejected = {r['candidate']: r for r in map(json.loads, f)}
+  assert rejected['pkg.Tag.__eq__.body']['detail'] == (
+      '`return True` passes every FAIL_TO_PASS test')
+  assert rejected['pkg.clean.body']['detail'] == '`return text` passes every FAIL_TO_PASS test'
+  assert summary.rejected == {'weak_tests': 2}
+  # Where the tests pin the function down (a value, an effect), the task is kept.
+  assert {t.id for t in task_lib.read(out / 'tasks.jsonl')} == {'pkg.double.body', 'pkg.log.body'}

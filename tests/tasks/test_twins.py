@@ -644,24 +644,24 @@ def test_forging_the_visible_names_leaves_the_hidden_tests_failing(fixture_tasks
 def test_factory_rejects_a_task_without_twins_and_keeps_visible_tests_on_request(tmp_path):
   repo = fixtures.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
-          def check(x):
-            if x < 0:
-              raise ValueError(f'a negative reading for the check: {x}')
+          def span(n):
+            return range(n)
 
 
-          def touch(x):
-            return [x]
+          def pair(x):
+            return (x, x)
           ''',
+      # No assert to mutate, but no trivial body passes either (the weak_tests gate comes first).
       'tests/test_pkg.py': '''\
           import pkg
 
 
-          def test_check():
-            pkg.check(1)
+          def test_span():
+            pkg.span(3).stop
 
 
-          def test_touch():
-            pkg.touch(1)
+          def test_pair():
+            first, second = pkg.pair(1)
           '''})
   summary = factory.make_tasks(repo, tmp_path / 'out', modes=('body',), runs=1, progress=False,
                                log=lambda _: None)
