@@ -87,12 +87,14 @@ TRIVIAL = ('return None', 'return True', 'return False', 'return 0', "return ''"
 
 
 def trivial_bodies(source: str, sym: Symbol) -> list[str]:
-  """TRIVIAL, and the echoes of the function's own inputs (`return self`, the first argument).
+  """TRIVIAL, the echoes of the function's own inputs (`return self`, the first argument), and
+  each constant the function itself returns (a branch the tests may be all of).
 
   A generator's trivial body yields nothing (in a form valid for async generators too).
   """
   prefix, node = next((p, n) for p, n in _functions(source) if _symbol(n, p) == sym)
-  if _is_generator(node):
+  own = _own_nodes(node)
+  if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own):
     return ['if False: yield']
   params = [a.arg for a in node.args.posonlyargs + node.args.args]
   decorators = {d.id for d in node.decorator_list if isinstance(d, ast.Name)}
@@ -102,19 +104,23 @@ def trivial_bodies(source: str, sym: Symbol) -> list[str]:
     out.append(f'return {params.pop(0)}')
   if params:
     out.append(f'return {params[0]}')
+  for ret in sorted((n for n in own if isinstance(n, ast.Return) and n.value is not None),
+                    key=lambda n: n.lineno):
+    body = f'return {ast.unparse(ret.value)}'
+    if syntax.is_literal(ret.value) and body not in out:
+      out.append(body)
   return out
 
 
-def _is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-  """Whether the function's own body yields (nested scopes are not its body)."""
-  todo = list(function.body)
+def _own_nodes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+  """The nodes of the function's own body (nested scopes are not its body)."""
+  out, todo = [], list(function.body)
   while todo:
     node = todo.pop()
-    if isinstance(node, (ast.Yield, ast.YieldFrom)):
-      return True
+    out.append(node)
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
       todo.extend(ast.iter_child_nodes(node))
-  return False
+  return out
 
 
 def delete_symbols(source: str, syms: list[Symbol]) -> tuple[str, str]:

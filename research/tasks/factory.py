@@ -6,7 +6,8 @@ Per candidate (a function and a deletion mode), the gates are: the package still
 least one test fails (FAIL_TO_PASS) and one still passes (PASS_TO_PASS); the rebuilt policy tree
 and the environment hold no copy of the deleted code; no trivial body (`return True`, the first
 argument, ...) passes every FAIL_TO_PASS test; twins of the tests fail on the original; and the
-original, graded as a solution in the grading sandbox, gets reward 1. A failing candidate is recorded with its gate, never fatal.
+original, graded as a solution in the grading sandbox, gets reward 1. A failing candidate is
+recorded with its gate, never fatal.
 """
 import collections
 import dataclasses

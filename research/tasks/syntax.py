@@ -18,3 +18,12 @@ def parse(source: str, mode: str = 'exec') -> ast.AST:
 def literal(source: str):
   """The value of a literal written as `source` (ast.literal_eval, parsed under the lock)."""
   return ast.literal_eval(parse(source, 'eval'))
+
+
+def is_literal(node: ast.AST) -> bool:
+  """Whether ast.literal_eval takes the node (a constant, or containers of constants)."""
+  try:
+    ast.literal_eval(node)
+  except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    return False
+  return True

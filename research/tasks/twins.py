@@ -181,14 +181,6 @@ def _is_raises(node: ast.With) -> bool:
           and node.body[0].lineno > node.lineno)
 
 
-def _literal(node: ast.AST) -> bool:
-  try:
-    ast.literal_eval(node)
-  except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-    return False
-  return True
-
-
 def _leaves(node: ast.AST) -> list[ast.expr]:
   """Constants inside a literal that a mutation may change (a signed number is one leaf)."""
   if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
@@ -204,7 +196,7 @@ def _bound_once(func: ast.AST, name: str) -> ast.expr | None:
            and isinstance(n.ctx, ast.Store)]
   assigns = [n for n in ast.walk(func) if isinstance(n, ast.Assign) and len(n.targets) == 1
              and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name]
-  if len(binds) == 1 and len(assigns) == 1 and _literal(assigns[0].value):
+  if len(binds) == 1 and len(assigns) == 1 and syntax.is_literal(assigns[0].value):
     return assigns[0].value
   return None
 
@@ -218,7 +210,7 @@ def _expected(test: ast.expr) -> tuple[ast.expr, bool] | None:
     side = next((s for s in (right, left) if isinstance(s, ast.Constant)
                  and any(s.value is v for v in _SINGLETONS)), None)
     return (side, True) if side is not None else None
-  expectable = lambda n: isinstance(n, ast.Name) or (_literal(n) and bool(_leaves(n)))
+  expectable = lambda n: isinstance(n, ast.Name) or (syntax.is_literal(n) and bool(_leaves(n)))
   if isinstance(test.ops[0], ast.Eq):
     for side, other in ((right, left), (left, right)):
       if expectable(side) and not expectable(other):
@@ -313,7 +305,7 @@ def _parametrize(test: _Test) -> _Cases | None:
   for elt in container.elts:
     vals = ([elt] if single else elt.elts
             if isinstance(elt, (ast.Tuple, ast.List)) and len(elt.elts) == len(argnames) else [])
-    if not vals or not all(_literal(v) for v in vals):
+    if not vals or not all(syntax.is_literal(v) for v in vals):
       raise TwinError(f'{name}: a case is not a literal')
     values.append(vals)
   if not values:
@@ -507,7 +499,8 @@ def _expression_sides(test: ast.expr) -> list[ast.expr]:
   would not tell them from correct code.
   """
   sides = _equality(test)
-  return [side for side in sides[::-1] if any(_leaves(n) for n in ast.walk(side) if _literal(n))
+  return [side for side in sides[::-1]
+          if any(_leaves(n) for n in ast.walk(side) if syntax.is_literal(n))
           ] if sides else []
 
 
@@ -539,7 +532,7 @@ def _expression_change(src: _Source, test: ast.Compare, site: Site, vocab: list[
     raise _NeedsSeed(f'{site}: an expression site needs a verified seed')
   rng = random.Random(site.seed)
   side = _expression_sides(test)[0]
-  leaves = [leaf for n in ast.walk(side) if _literal(n) for leaf in _leaves(n)]
+  leaves = [leaf for n in ast.walk(side) if syntax.is_literal(n) for leaf in _leaves(n)]
   leaf = rng.choice(leaves)
   value = ast.literal_eval(leaf)
   return (*src.span(leaf), _constant_source(_mutate(value, vocab, rng), src.segment(leaf)))

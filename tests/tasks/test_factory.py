@@ -149,6 +149,12 @@ def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
 
           def log(message, sink):
             sink.append(message.upper().lower())
+
+
+          def grade_of(score):
+            if score >= 90:
+              return 'excellent'
+            return 'fair' if score >= 50 else 'poor'
           ''',
       'tests/test_pkg.py': '''\
           import pkg
@@ -170,16 +176,23 @@ def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
             sink = []
             pkg.log('x', sink)
             assert sink == ['x']
+
+
+          def test_grade_of():
+            assert pkg.grade_of(95) == 'excellent'
           '''})
   out = tmp_path / 'out'
-  summary = factory.make_tasks(repo, out, modes=('body',), only=('Tag.__eq__', 'clean', 'double',
-                                                                  'log'),
+  summary = factory.make_tasks(repo, out, modes=('body',),
+                               only=('Tag.__eq__', 'clean', 'double', 'log', 'grade_of'),
                                progress=False, log=lambda _: None)
   with open(out / 'rejected.jsonl') as f:
     rejected = {r['candidate']: r for r in map(json.loads, f)}
   assert rejected['pkg.Tag.__eq__.body']['detail'] == (
       '`return True` passes every FAIL_TO_PASS test')
   assert rejected['pkg.clean.body']['detail'] == '`return text` passes every FAIL_TO_PASS test'
-  assert summary.rejected == {'weak_tests': 2}
+  # The only branch tested returns a constant of the deleted code.
+  assert rejected['pkg.grade_of.body']['detail'] == (
+      "`return 'excellent'` passes every FAIL_TO_PASS test")
+  assert summary.rejected == {'weak_tests': 3}
   # Where the tests pin the function down (a value, an effect), the task is kept.
   assert {t.id for t in task_lib.read(out / 'tasks.jsonl')} == {'pkg.double.body', 'pkg.log.body'}
