@@ -26,7 +26,6 @@ import re
 import secrets
 import shlex
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -107,7 +106,8 @@ class Settings:
   observation_chars: int = 6000
   # Small files: the work area is diffed at the end, and a huge edited file would stall that.
   run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, fsize_mb=8, output_kb=32)
-  python: str = sys.executable
+  # An interpreter for every task's `run` commands; None: each task's own (as grading runs it).
+  python: str | None = None
   # Grade identical (task, diff) pairs once (GradeMemo); off: every episode pays its own grading.
   memoize_grades: bool = True
   # (tool, new name): drift since the warm start; the tool is listed and called only by the new name.
@@ -326,16 +326,20 @@ class Episode:
       info['tool_error'] = 'the command must be UTF-8 text without NUL bytes'
       return f'error: {info["tool_error"]}'
     marker = f'run started {secrets.token_hex(8)}'
+    python = self.s.python or self.task.python
     py_path = [str(self.work / p) if p else str(self.work) for p in self.task.python_path]
     # As in grading: no plugin autoload (the venv's plugins were half of a test run's time).
-    env = {'PATH': f'{Path(self.s.python).parent}:/usr/bin:/bin', 'HOME': '/tmp', 'TMPDIR': '/tmp',
+    env = {'PATH': f'{Path(python).parent}:/usr/bin:/bin', 'HOME': '/tmp', 'TMPDIR': '/tmp',
            'LANG': 'C.UTF-8', 'PYTHONDONTWRITEBYTECODE': '1', 'PYTEST_DISABLE_PLUGIN_AUTOLOAD': '1',
            'PYTHONPATH': ':'.join(py_path + list(self.task.site_dirs))}
     # The marker, printed first, tells a command that ran from a sandbox that failed to start
     # (which would mask the episode: a way around the reward if the command could fake it).
     argv = ['/bin/sh', '-c', 'printf "%s\\n" "$0"; exec /bin/bash -c "$1"', marker, command]
+    # The interpreter's unused base site-packages are hidden, as in grading: the factory's leak
+    # gate does not scan them, and they may hold a copy of the library the task deleted code from.
     done = sandbox.run(argv, cwd=self.work, rw=[self.work], env=env, limits=self.s.run_limits,
-                       ro=[*sandbox.python_roots(self.s.python), *self.task.site_dirs], uid=self.uid)
+                       ro=[*sandbox.python_roots(python), *self.task.site_dirs], uid=self.uid,
+                       hide=sandbox.python_hidden(python))
     if not done.output.startswith(marker + '\n'):
       raise EnvFault(f'sandbox did not start the command (exit {done.returncode}): '
                      f'{(done.sandbox_error or done.output)[:300]}')

@@ -9,6 +9,9 @@ from concurrent import futures
 import dataclasses
 import os
 from pathlib import Path
+import shlex
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -23,6 +26,7 @@ from research.rl.trajectory import Trajectory
 from research.tasks import grading
 from research.tasks import patch as patch_lib
 from research.tasks import pool as pool_lib
+from research.tasks import sandbox
 from research.tasks import task as task_lib
 from research.tokenizer.base import ByteTokenizer
 
@@ -192,6 +196,21 @@ def test_observations_are_capped(env):
   obs = ep.step(call('run', command="python -c \"print('y' * 100000)\"")).observation
   assert obs.startswith('exit code 0\nyyy') and 'characters cut ...]' in obs and len(obs) < 460
   assert tools.cap('a' * 10 + 'b' * 10, 10) == 'aaaaa\n[... 10 characters cut ...]\nbbbbb'
+  ep.close('context')
+
+
+def test_run_uses_the_tasks_interpreter_and_hides_unused_site_packages(env, tmp_path):
+  """`run` sees what grading sees: the task's own interpreter (a per-repository environment), not
+  the trainer's, and not the base interpreter's site-packages (the leak gate does not scan them)."""
+  venv = tmp_path / 'task-env'
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
+  task = dataclasses.replace(slug(env), python=str(venv / 'bin' / 'python'))
+  hidden = sandbox.python_hidden(task.python)
+  assert hidden and os.listdir(hidden[0]), 'the base interpreter has a non-empty site-packages'
+  ep = env.reset(task)
+  obs = ep.step(call('run', command='python -c "import sys; print(sys.prefix)"; '
+                                    f'ls -A {shlex.quote(hidden[0])} | wc -l')).observation
+  assert obs == f'exit code 0\n{venv}\n0\n', obs
   ep.close('context')
 
 
