@@ -252,6 +252,17 @@ def test_gpu_benchmark_runs_small_on_cpu(part):
     assert {'ffn/padded/train', 'layer/padded/train', 'layer/padded/fwd'} <= {r['name'] for r in rows}
 
 
+def test_attention_long_benchmark_small_on_cpu():
+  """The attention_long part at CPU sizes: causal runs fewer block pairs than all, and blockwise
+  needs less temp memory than xla; both are timed."""
+  from experiments.benchmarks import gpu_kernels  # pylint: disable=g-import-not-at-top
+  rows = gpu_kernels.PARTS['attention_long'](small=True)
+  assert [r['tokens'] for r in rows] == [256, 512]
+  for r in rows:
+    assert r['pairs_run'] < r['pairs_all'] and r['blockwise_temp_bytes'] < r['xla_temp_bytes'], r
+    assert r['blockwise_seconds'] > 0 and r['xla_seconds'] > 0, r
+
+
 def test_gpu_benchmark_breakdown_small_on_cpu():
   """The breakdown part at CPU sizes: every piece is timed and has its share of the step. XLA's
   counts of the compiled pieces order forward < forward + backward <= step, the optimizer update
