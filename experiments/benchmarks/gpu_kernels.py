@@ -10,6 +10,9 @@ Parts (each a `--part`; `gpu_suite.sh` runs them one after another under `timeou
              smaller shape.
   attention  causal self-attention, GQA and MLA (value head 128 != query head 192), per
              `attention_impl`, forward and forward + backward.
+  attention_long causal GQA forward + backward at 2k..64k tokens: blockwise's compiled temp bytes
+             against a T x block score buffer, its block pairs run against all, and seconds of
+             blockwise and xla where xla's T x T scores fit (runs on a CPU in ~2 minutes).
   train      one full train step (AdamW, then Muon) of a tiny-MoE-family model as large as fits
              one device: MFU = model FLOPs (research/metrics/flops.py, no recompute) / time / peak;
              then 3 more steps under the profiler: the device time of each model component
@@ -141,6 +144,38 @@ def attention_rows(small: bool) -> list[dict]:
       # Backward: 5 matmuls of the forward's 2 (dS recomputed in flash kernels is not counted).
       rows.append(_row(f'{kind}/{impl}/train', 3.5 * fwd_flops, jax.jit(jax.grad(_sq_loss(fn), (0, 1, 2))),
                        q, k, v, tokens=b * t))
+  return rows
+
+
+def attention_long_rows(small: bool, lengths=(2048, 8192, 32768, 65536), time_up_to: int = 8192,
+                        block: int = 512) -> list[dict]:
+  """Causal GQA fwd + bwd (f32) at growing T: XLA's compiled temp bytes of blockwise against one
+  T x block f32 score buffer for all heads (what each step of key-only blocking held; it held
+  several), its block pairs run against all pairs, and seconds of blockwise and xla up to
+  `time_up_to` (xla's temp bytes too: T x T scores, compiled only where they fit)."""
+  b, h, kh, d = 1, 4, 2, 64
+  if small:
+    lengths, time_up_to, block, d = (256, 512), 512, 64, 16
+  rows = []
+  for t in lengths:
+    seg = jnp.ones((b, t), jnp.int32)
+    mask = kernels.MaskInfo(seg, seg, jnp.arange(t)[None], jnp.arange(t))
+    shapes = [jax.ShapeDtypeStruct((b, t, n, d), jnp.float32) for n in (h, kh, kh)]
+    nb = -(-t // block)
+    live = attention._live_blocks(mask, min(block, t), min(block, t))  # pylint: disable=protected-access
+    row = dict(name=f'attention_long/{t}', tokens=t, block=block, pairs_run=int(live.sum()), pairs_all=nb * nb,
+               t_x_block_bytes=b * h * t * block * 4)
+    for impl in ('blockwise', 'xla'):
+      fn = lambda q, k, v, impl=impl: attention.attend(q, k, v, mask, d ** -0.5, impl, block)[0]
+      grad = jax.jit(jax.grad(_sq_loss(fn), (0, 1, 2)))
+      if impl == 'xla' and t > time_up_to:
+        continue  # T x T scores: 64 GiB of them per buffer at 64k.
+      row[f'{impl}_temp_bytes'] = int(grad.lower(*shapes).compile().memory_analysis().temp_size_in_bytes)
+      if t <= time_up_to:
+        args = [jax.random.normal(jax.random.key(i), x.shape) for i, x in enumerate(shapes)]
+        row[f'{impl}_seconds'] = timed(grad, *args, reps=3)
+    print(json.dumps(row), flush=True)
+    rows.append(row)
   return rows
 
 
@@ -382,7 +417,8 @@ def decode_rows(small: bool) -> list[dict]:
   return [row]
 
 
-PARTS = {'moe': moe_rows, 'attention': attention_rows, 'train': train_rows, 'decode': decode_rows,
+PARTS = {'moe': moe_rows, 'attention': attention_rows, 'attention_long': attention_long_rows,
+         'train': train_rows, 'decode': decode_rows,
          'train_wide': lambda small: train_rows(small, wide=True), 'breakdown': breakdown_rows,
          'breakdown_wide': lambda small: breakdown_rows(small, wide=True)}
 

@@ -7,9 +7,11 @@ latent and the shared rope key (kv_lora_rank + qk_rope_head_dim numbers per toke
 The mask travels as a `MaskInfo` (segment ids and slots), never as a T x S array, and `attend` has
 three paths (`attention_impl`):
   xla       - the T x S scores and mask at once. Exact reference; the CPU default.
-  blockwise - flash-style in plain JAX: a scan over key blocks with an online softmax, and a
-              backward pass that recomputes each block, so neither pass holds more than T x block
-              scores. Any mask; long contexts on any backend.
+  blockwise - flash-style in plain JAX: queries and keys in blocks, one loop over the (query block,
+              key block) pairs the mask leaves visible (a causal mask: about half of them) with an
+              online softmax, and a backward pass that recomputes each pair, so no step holds more
+              than block x block scores per head (plus O(T) outputs and accumulators). Any mask;
+              long contexts on any backend.
   tokamax   - tokamax's flash kernels (Mosaic GPU on Hopper, else Triton, else XLA: those that
               compile here, research/model/kernels.py), GQA and MLA (value head != query head), in
               training (causal within contiguous segments), prefill and decoding (a cache's valid
@@ -87,22 +89,69 @@ def attend_dense(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask_BxTxS, scale):
   return out.reshape(b, t, h, -1), max_logit_H
 
 
-def _key_blocks(k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, block: int):
-  """Keys, values and their mask columns cut into S / block blocks (padded with masked keys)."""
-  s = k_BxSxKxQ.shape[1]
-  pad = -s % block
-  cut = lambda x, axis, fill=0: jnp.moveaxis(
-      jnp.pad(x, [(0, pad) if a == axis else (0, 0) for a in range(x.ndim)], constant_values=fill)
-      .reshape(*x.shape[:axis], (s + pad) // block, block, *x.shape[axis + 1:]), axis, 0)
-  return (cut(k_BxSxKxQ, 1), cut(v_BxSxKxV, 1), cut(mask.kv_seg_BxS, 1),
-          cut(mask.kv_slot_S, 0, jnp.iinfo(mask.kv_slot_S.dtype).max))
+def _pad_to(x, axis: int, block: int, fill=0):
+  return jnp.pad(x, [(0, -x.shape[axis] % block if a == axis else 0) for a in range(x.ndim)],
+                 constant_values=fill)
 
 
-def _block_scores(q_BxKxGxTxQ, k_BxCxKxQ, kv_seg_BxC, kv_slot_C, mask: MaskInfo, scale):
-  """Masked f32 scores of every query against one key block, and the block's mask."""
-  s = jnp.einsum('bkgtq,bckq->bkgtc', q_BxKxGxTxQ, k_BxCxKxQ, preferred_element_type=jnp.float32)
-  m = MaskInfo(mask.q_seg_BxT, kv_seg_BxC, mask.q_slot_BxT, kv_slot_C).dense()[:, None, None]
+def _padded(q_BxKxGxTxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, tq: int, tk: int):
+  """Queries and keys padded to whole blocks; padding is masked (segment 0, key slot past all)."""
+  q_slot_BxT = jnp.broadcast_to(mask.q_slot_BxT, mask.q_seg_BxT.shape)
+  mask = MaskInfo(_pad_to(mask.q_seg_BxT, 1, tq), _pad_to(mask.kv_seg_BxS, 1, tk), _pad_to(q_slot_BxT, 1, tq),
+                  _pad_to(mask.kv_slot_S, 0, tk, jnp.iinfo(mask.kv_slot_S.dtype).max))
+  return _pad_to(q_BxKxGxTxQ, 3, tq), _pad_to(k_BxSxKxQ, 1, tk), _pad_to(v_BxSxKxV, 1, tk), mask
+
+
+def _live_blocks(mask: MaskInfo, tq: int, tk: int):
+  """nq x nk: whether (query block, key block) may hold a visible entry in any row, from each
+  block's range of segment ids and slots over its non-padding entries. Never false for a pair
+  with a visible entry; exact for contiguous increasing segments and for KV caches."""
+  big = jnp.iinfo(jnp.int32).max
+
+  def ranges(seg_BxN, slot_BxN, block):
+    cut = lambda x: jnp.broadcast_to(x, seg_BxN.shape).astype(jnp.int32).reshape(seg_BxN.shape[0], -1, block)
+    seg, slot = cut(seg_BxN), cut(slot_BxN)
+    lo = lambda x: jnp.min(jnp.where(seg != 0, x, big), -1)  # Empty blocks: lo > hi, never live.
+    hi = lambda x: jnp.max(jnp.where(seg != 0, x, -big), -1)
+    return lo(seg), hi(seg), lo(slot), hi(slot)
+
+  q_lo, q_hi, _, q_slot_hi = (x[:, :, None] for x in ranges(mask.q_seg_BxT, mask.q_slot_BxT, tq))
+  k_lo, k_hi, k_slot_lo, _ = (x[:, None, :] for x in ranges(mask.kv_seg_BxS, mask.kv_slot_S[None], tk))
+  return jnp.any((q_lo <= k_hi) & (k_lo <= q_hi) & (k_slot_lo <= q_slot_hi), axis=0)
+
+
+def _over_live(live_IxJ, body, carry):
+  """carry = body(i, j, carry) for each live pair (i, j): one loop of dynamic length over the list
+  of live pairs, so a dead pair costs nothing (no cond per pair). Returns (carry, steps run)."""
+  nk, n_live = live_IxJ.shape[1], jnp.sum(live_IxJ)
+  pairs = jnp.nonzero(live_IxJ.ravel(), size=live_IxJ.size)[0]
+  step = lambda c: (c[0] + 1, body(pairs[c[0]] // nk, pairs[c[0]] % nk, c[1]))
+  n, carry = jax.lax.while_loop(lambda c: c[0] < n_live, step, (0, carry))
+  return carry, n
+
+
+def _cut(x, i, n: int, axis: int):
+  return jax.lax.dynamic_slice_in_dim(x, i * n, n, axis)
+
+
+def _put(x, y, i, axis: int):
+  """x with its i-th block along axis set to y (in place inside the loop)."""
+  return jax.lax.dynamic_update_slice_in_dim(x, y, i * y.shape[axis], axis)
+
+
+def _block_scores(q, k, mask: MaskInfo, i, j, tq: int, tk: int, scale):
+  """Query block i and key block j of padded inputs: the masked f32 scores and the mask."""
+  qi = lambda x, axis: _cut(x, i, tq, axis)
+  kj = lambda x, axis: _cut(x, j, tk, axis)
+  s = jnp.einsum('bkgtq,bckq->bkgtc', qi(q, 3), kj(k, 1), preferred_element_type=jnp.float32)
+  m = MaskInfo(qi(mask.q_seg_BxT, 1), kj(mask.kv_seg_BxS, 1), qi(mask.q_slot_BxT, 1), kj(mask.kv_slot_S, 0))
+  m = m.dense()[:, None, None]
   return jnp.where(m, s * scale, NEG_INF), m
+
+
+def _sizes(q_BxKxGxTxQ, k_BxSxKxQ, block: int):
+  """Query and key block sizes: `block`, or all of T (S) when shorter (decoding: T = 1)."""
+  return min(block, q_BxKxGxTxQ.shape[3]), min(block, k_BxSxKxQ.shape[1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -110,44 +159,56 @@ def _blockwise(q_BxKxGxTxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale: float, 
   return _blockwise_fwd(q_BxKxGxTxQ, k_BxSxKxQ, v_BxSxKxV, mask, scale, block)[0]
 
 
-def _blockwise_fwd(q, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale: float, block: int):
+def _blockwise_fwd(q, k, v, mask: MaskInfo, scale: float, block: int):
   b, kh, g, t, _ = q.shape
+  tq, tk = _sizes(q, k, block)
+  qp, kp, vp, mp = _padded(q, k, v, mask, tq, tk)
 
-  def step(carry, blk):
-    o, m, l = carry
-    s, _ = _block_scores(q, blk[0], blk[2], blk[3], mask, scale)
+  def step(i, j, carry):
+    o, m, l = (_cut(x, i, tq, 3) for x in carry)  # Query block i's running output, max and sum.
+    s, _ = _block_scores(qp, kp, mp, i, j, tq, tk, scale)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     p = jnp.exp(s - m_new[..., None])
     corr = jnp.exp(m - m_new)
-    o = o * corr[..., None] + jnp.einsum('bkgtc,bckv->bkgtv', p.astype(blk[1].dtype), blk[1],
+    o = o * corr[..., None] + jnp.einsum('bkgtc,bckv->bkgtv', p.astype(v.dtype), _cut(vp, j, tk, 1),
                                          preferred_element_type=jnp.float32)
-    return (o, m_new, l * corr + jnp.sum(p, axis=-1)), None
+    return tuple(_put(x, y, i, 3) for x, y in zip(carry, (o, m_new, l * corr + jnp.sum(p, axis=-1))))
 
-  init = (jnp.zeros((b, kh, g, t, v_BxSxKxV.shape[-1]), jnp.float32),
-          jnp.full((b, kh, g, t), -jnp.inf, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32))
-  (o, m, l), _ = jax.lax.scan(step, init, _key_blocks(k_BxSxKxQ, v_BxSxKxV, mask, block))
-  out = (o / l[..., None]).astype(q.dtype)
-  return (out, m), (q, k_BxSxKxQ, v_BxSxKxV, mask, out, m + jnp.log(l))
+  tp = qp.shape[3]
+  init = (jnp.zeros((b, kh, g, tp, v.shape[-1]), jnp.float32),
+          jnp.full((b, kh, g, tp), -jnp.inf, jnp.float32), jnp.zeros((b, kh, g, tp), jnp.float32))
+  (o, m, l), _ = _over_live(_live_blocks(mp, tq, tk), step, init)
+  # Rows of a query block that meets no live key block keep l = 0: output 0, max logit NEG_INF.
+  m, l = jnp.maximum(m[..., :t], NEG_INF), jnp.where(l[..., :t] > 0, l[..., :t], 1)
+  out = (o[..., :t, :] / l[..., None]).astype(q.dtype)
+  return (out, m), (q, k, v, mask, out, m + jnp.log(l))
 
 
 def _blockwise_bwd(scale, block, res, cts):
   q, k, v, mask, out, lse = res
+  tq, tk = _sizes(q, k, block)
   d_out = cts[0].astype(jnp.float32)  # The running max is a statistic: no gradient flows back.
   delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)
+  d_out, delta, lse = (_pad_to(x, 3, tq) for x in (d_out, delta, lse))
+  qp, kp, vp, mp = _padded(q, k, v, mask, tq, tk)
 
-  def step(dq, blk):
-    s, m = _block_scores(q, blk[0], blk[2], blk[3], mask, scale)
-    p = jnp.exp(s - lse[..., None])
-    dv = jnp.einsum('bkgtc,bkgtv->bckv', p, d_out)
-    dp = jnp.einsum('bkgtv,bckv->bkgtc', d_out, blk[1].astype(jnp.float32))
-    ds = jnp.where(m, p * (dp - delta[..., None]), 0) * scale
-    dq = dq + jnp.einsum('bkgtc,bckq->bkgtq', ds, blk[0].astype(jnp.float32))
-    return dq, (jnp.einsum('bkgtc,bkgtq->bckq', ds, q.astype(jnp.float32)), dv)
+  def step(i, j, carry):
+    dq, dk, dv = carry
+    add = lambda x, y, at, axis: _put(x, _cut(x, at, y.shape[axis], axis) + y, at, axis)
+    qi, kj, vj = _cut(qp, i, tq, 3), _cut(kp, j, tk, 1), _cut(vp, j, tk, 1)
+    do, delta_i, lse_i = (_cut(x, i, tq, 3) for x in (d_out, delta, lse))
+    s, m = _block_scores(qp, kp, mp, i, j, tq, tk, scale)
+    p = jnp.exp(s - lse_i[..., None])
+    dv = add(dv, jnp.einsum('bkgtc,bkgtv->bckv', p, do), j, 1)
+    dp = jnp.einsum('bkgtv,bckv->bkgtc', do, vj.astype(jnp.float32))
+    ds = jnp.where(m, p * (dp - delta_i[..., None]), 0) * scale
+    dq = add(dq, jnp.einsum('bkgtc,bckq->bkgtq', ds, kj.astype(jnp.float32)), i, 3)
+    return dq, add(dk, jnp.einsum('bkgtc,bkgtq->bckq', ds, qi.astype(jnp.float32)), j, 1), dv
 
-  dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32), _key_blocks(k, v, mask, block))
-  s = k.shape[1]
-  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])[:, :s]
-  return (dq.astype(q.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype), None)
+  zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+  (dq, dk, dv), _ = _over_live(_live_blocks(mp, tq, tk), step, (zeros(qp), zeros(kp), zeros(vp)))
+  t, s = q.shape[3], k.shape[1]
+  return dq[..., :t, :].astype(q.dtype), dk[:, :s].astype(k.dtype), dv[:, :s].astype(v.dtype), None
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
@@ -157,7 +218,7 @@ def attend_blockwise(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, blo
   """`attend_dense` without the T x S arrays: returns (out, max logit per head)."""
   b, t, h, _ = q_BxTxHxQ.shape
   q = jnp.moveaxis(_split_heads(q_BxTxHxQ, k_BxSxKxQ.shape[2]), 1, 3)
-  out, m = _blockwise(q, k_BxSxKxQ, v_BxSxKxV, mask, float(scale), min(block, k_BxSxKxQ.shape[1]))
+  out, m = _blockwise(q, k_BxSxKxQ, v_BxSxKxV, mask, float(scale), block)
   max_logit_H = jnp.max(jax.lax.stop_gradient(m), axis=(0, 3)).reshape(h)
   return jnp.moveaxis(out, 3, 1).reshape(b, t, h, -1), max_logit_H
 

@@ -45,7 +45,7 @@ class ModelConfig:
   rope_yarn_attention_factor: float = 1.0  # Multiplies cos and sin (so the rotated dims of q and k).
   attn_scale_mult: float = 1.0      # Multiplies the head_dim**-0.5 softmax scale (DeepSeek's YaRN mscale**2).
   attention_impl: str = 'auto'      # auto: tokamax flash kernels on GPU, xla elsewhere (attention.py).
-  attention_block: int = 512        # Keys per block of the blockwise path (memory ~ T x block).
+  attention_block: int = 512        # Queries and keys per block of the blockwise path (scores ~ block^2 per head).
   norm_eps: float = 1e-6
   # Feed-forward. The first `first_k_dense` layers use a dense MLP of width d_ff.
   d_ff: int = 256

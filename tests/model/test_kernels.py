@@ -99,6 +99,106 @@ def test_blockwise_memory_does_not_hold_scores():
   assert block < scores < dense / 2, (block, scores, dense)
 
 
+def test_blockwise_memory_scales_with_both_blocks():
+  """At T = 8192 one head's T x block f32 scores are 8 MiB (the old path held several); blocking
+  the queries too leaves block x block scores per step, so fwd + bwd fits in a quarter of that."""
+  t, block = 8192, 256
+  q = jax.ShapeDtypeStruct((1, t, 1, 16), jnp.float32)
+  seg = jnp.ones((1, t), jnp.int32)
+  mask = kernels.MaskInfo(seg, seg, jnp.arange(t)[None], jnp.arange(t))
+  loss = lambda q, k, v: jnp.sum(attention.attend_blockwise(q, k, v, mask, 0.25, block)[0] ** 2)
+  temp = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+  assert temp < t * block * 4 / 4, temp
+
+
+def _cache_mask():
+  """Two rows over a 24-slot cache: row 0's queries at slots 13-15, row 1's at 9-11; holes in the
+  valid slots, nothing valid from slot 16 on."""
+  kv_seg = np.zeros((2, 24), np.int32)
+  kv_seg[0, [0, 1, 2, 5, 6, 9, 10, 11, 12, 13, 14, 15]] = 1
+  kv_seg[1, 2:12] = 1
+  return kernels.MaskInfo(jnp.ones((2, 3), jnp.int32), jnp.asarray(kv_seg), jnp.asarray([[13, 14, 15], [9, 10, 11]]),
+                          jnp.arange(24))
+
+
+def _train_mask(seg):
+  seg = jnp.asarray(seg, jnp.int32)
+  return kernels.MaskInfo(seg, seg, jnp.arange(seg.shape[1])[None], jnp.arange(seg.shape[1]))
+
+
+MASKS = {
+    'causal': _train_mask(np.ones((2, 20))),  # 20 is no multiple of the blocks below.
+    'packed': _train_mask([[1] * 7 + [2] * 9 + [3] * 3 + [0] * 3, [4] * 13 + [5] * 6 + [0] * 3]),
+    'decode': _cache_mask(),
+}
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize('block', [5, 8])
+@pytest.mark.parametrize('heads', [(4, 2, 8, 8), (4, 4, 12, 6)], ids=['gqa', 'mla'])
+@pytest.mark.parametrize('name', sorted(MASKS))
+def test_blockwise_masks_match_dense(name, heads, block, dtype):
+  """Outputs, max logits and gradients equal the dense path's for causal, packed (segments across
+  block boundaries, padding) and cached masks (queries at each row's end, holes). Cache slots that no
+  query may see (whole blocks of them) hold NaN: a pair of blocks computed there would put NaN into
+  the output."""
+  mask = MASKS[name]
+  (b, t), s = mask.q_seg_BxT.shape, mask.kv_seg_BxS.shape[1]
+  h, kh, dq, dv = heads
+  ks = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(ks[0], (b, t, h, dq)).astype(dtype)
+  k, v = (jax.random.normal(key, (b, s, kh, d)).astype(dtype) for key, d in ((ks[1], dq), (ks[2], dv)))
+  w = jax.random.normal(ks[3], (b, t, h, dv))
+  seen = np.asarray(mask.dense()).any(-1)  # Queries that see a key (the others' output is arbitrary).
+
+  def run(fn, k, v):
+    loss = lambda q, k, v: jnp.sum(jnp.where(seen[..., None, None], fn(q, k, v)[0].astype(jnp.float32) * w, 0))
+    return fn(q, k, v), jax.grad(loss, (0, 1, 2))(q, k, v)
+
+  (out, m), grads = run(lambda q, k, v: attention.attend_dense(q, k, v, mask.dense(), 0.3), k, v)
+  dead = (jnp.arange(s) >= (20 if name == 'decode' else s))[None, :, None, None]
+  k, v = (jnp.where(dead, jnp.nan, x) for x in (k, v))
+  (out_b, m_b), grads_b = run(lambda q, k, v: attention.attend_blockwise(q, k, v, mask, 0.3, block), k, v)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  f32 = lambda x: np.asarray(x, np.float32)
+  np.testing.assert_allclose(f32(out_b)[seen], f32(out)[seen], atol=tol, rtol=tol)
+  np.testing.assert_allclose(m_b, m, atol=tol, rtol=tol)
+  for g_b, g, what in zip(grads_b, grads, 'qkv'):
+    np.testing.assert_allclose(f32(g_b), f32(g), atol=4 * tol, rtol=4 * tol, err_msg=what)
+
+
+def _visited(mask, block):
+  """How often the blockwise loop visits each (query block, key block) pair, and the pairs that
+  hold a visible entry (from the dense mask: the least work there is)."""
+  (_, t), s = mask.q_seg_BxT.shape, mask.kv_seg_BxS.shape[1]
+  tq, tk = min(block, t), min(block, s)
+  padded = attention._padded(jnp.zeros((1, 1, 1, t, 1)), jnp.zeros((1, s, 1, 1)), jnp.zeros((1, s, 1, 1)), mask,
+                             tq, tk)[3]
+  live = attention._live_blocks(padded, tq, tk)
+  count, steps = attention._over_live(live, lambda i, j, c: c.at[i, j].add(1), jnp.zeros(live.shape, jnp.int32))
+  dense = np.asarray(mask.dense()).any(0)
+  dense = np.pad(dense, [(0, -t % tq), (0, -s % tk)]).reshape(-(-t // tq), tq, -(-s // tk), tk).any((1, 3))
+  assert int(steps) == int(count.sum())
+  return np.asarray(count), dense
+
+
+@pytest.mark.parametrize('block', [3, 4, 5, 8])
+@pytest.mark.parametrize('name', sorted(MASKS))
+def test_blockwise_skips_masked_blocks(name, block):
+  """The loop runs each pair of blocks that holds a visible entry once, and no other."""
+  count, visible = _visited(MASKS[name], block)
+  np.testing.assert_array_equal(count, visible.astype(np.int32))
+
+
+def test_blockwise_causal_does_half_the_work():
+  """Causal: 36 of the 64 block pairs at 8192 positions in blocks of 1024; 64 when every query sees
+  every key (queries at the last slot, as in decoding)."""
+  t = 8192
+  causal = _train_mask(np.ones((1, t)))
+  full = causal._replace(q_slot_BxT=jnp.full((1, t), t - 1))
+  assert [int(_visited(m, 1024)[0].sum()) for m in (causal, full)] == [36, 64]
+
+
 @pytest.mark.parametrize('experts', [4, 16])
 def test_tokamax_experts_match_dense(experts):
   cfg = ModelConfig(d_model=32, num_experts=experts, num_experts_per_tok=2, d_expert=16)
@@ -150,6 +250,17 @@ def test_gpu_benchmark_runs_small_on_cpu(part):
                                                                  (1, 'blocked')]
   if part == 'moe':
     assert {'ffn/padded/train', 'layer/padded/train', 'layer/padded/fwd'} <= {r['name'] for r in rows}
+
+
+def test_attention_long_benchmark_small_on_cpu():
+  """The attention_long part at CPU sizes: causal runs fewer block pairs than all, and blockwise
+  needs less temp memory than xla; both are timed."""
+  from experiments.benchmarks import gpu_kernels  # pylint: disable=g-import-not-at-top
+  rows = gpu_kernels.PARTS['attention_long'](small=True)
+  assert [r['tokens'] for r in rows] == [256, 512]
+  for r in rows:
+    assert r['pairs_run'] < r['pairs_all'] and r['blockwise_temp_bytes'] < r['xla_temp_bytes'], r
+    assert r['blockwise_seconds'] > 0 and r['xla_seconds'] > 0, r
 
 
 def test_gpu_benchmark_breakdown_small_on_cpu():
