@@ -316,7 +316,8 @@ class Episode:
     if call.name == 'run':
       return self._run(args['command'], info)
     try:
-      obs = _FILE_TOOLS[call.name](self.work, **args)
+      more = {'most': self.s.observation_chars} if call.name == 'view' else {}
+      obs = _FILE_TOOLS[call.name](self.work, **args, **more)
     except tools.Missing as e:
       info.update(missing=e.path, nearest=e.nearest)
       return f'error: {e}'

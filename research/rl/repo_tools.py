@@ -278,7 +278,17 @@ def _numbered(lines: list[str], first: int) -> str:
                  for k, line in enumerate(lines))
 
 
-def view(root: Path, path: str, start: int = 1, end: int = -1) -> str:
+def _fit(lines: list[str], most: int) -> int:
+  """How many of the lines, numbered, make more than `most` characters."""
+  n = size = 0
+  while n < len(lines) and size <= most:
+    size, n = size + len(lines[n]) + 7, n + 1  # At least what `_numbered` makes of it.
+  return n
+
+
+def view(root: Path, path: str, start: int = 1, end: int = -1, most: int | None = None) -> str:
+  """`most`: the observation's size; only the head and tail lines that fill it are numbered (all
+  of a file of 8 MiB of newlines took 6 s and 0.8 GB, for an observation that keeps 6000 chars)."""
   full = resolve(root, path)
   if full.is_dir():
     files = list(layout.iter_files(full))
@@ -287,7 +297,15 @@ def view(root: Path, path: str, start: int = 1, end: int = -1) -> str:
   last = len(lines) if end == -1 else end
   if not 1 <= start <= max(last, 1) or last > len(lines):
     raise ToolError(f'{path} has {len(lines)} lines; lines {start}..{end} are out of range')
-  return _numbered(lines[start - 1:last], start)
+  lines = lines[start - 1:last]
+  head = tail = len(lines)
+  if most is not None:
+    head, tail = _fit(lines, most // 2), _fit(lines[::-1], most // 2)
+  if head + tail >= len(lines):
+    return _numbered(lines, start)
+  cut = len(lines) - head - tail
+  return (_numbered(lines[:head], start) + f'[... {cut} lines ...]\n'
+          + _numbered(lines[head + cut:], start + head + cut))
 
 
 # The pattern is compiled and matched in a child process under a time limit: Python's `re`
@@ -312,7 +330,7 @@ for rel in rels:
       if regex.search(line):
         n += 1
         if n <= most:
-          hits.append(f'{rel}:{k}: {line}')
+          hits.append(f'{rel}:{k}: {line[:300]}')  # A line may be megabytes long.
 json.dump([hits, n], sys.stdout)
 """
 SEARCH_S = 5.0
@@ -405,8 +423,15 @@ def _parse(source: str) -> ast.Module:
     return ast.parse(source)
 
 
+# Sources longer than this are not linted: parsing 8 MiB of `x = 1` lines takes seconds and GBs.
+LINT_CHARS = 1 << 20
+
+
 def syntax_error(source: str) -> tuple[int, str] | None:
-  """(line, message) of the first syntax error in Python source, None when it parses."""
+  """(line, message) of the first syntax error in Python source, None when it parses (or is
+  longer than LINT_CHARS)."""
+  if len(source) > LINT_CHARS:
+    return None
   try:
     _parse(source)
   except SyntaxError as e:

@@ -535,3 +535,16 @@ def test_edits_the_parser_cannot_take_are_a_warning(env):
     assert not step.done and 'too deeply nested for the parser' in step.observation, step.observation
     assert step.info['syntax_error']['path'] == f'textops/deep{n}.py'
   ep.close('context')
+
+
+def test_viewing_a_huge_file_numbers_only_what_is_shown(env):
+  """Before, `view` numbered all 8 million lines of a file of newlines (6 s and 0.8 GB holding the
+  GIL, every turn) for an observation that keeps 6000 characters."""
+  ep = env.reset(slug(env))
+  ep.step(call('run', command="head -c 8000000 /dev/zero | tr '\\0' '\\n' > textops/big.py"))
+  t0 = time.perf_counter()
+  obs = ep.step(call('view', path='textops/big.py')).observation
+  assert time.perf_counter() - t0 < 3
+  assert obs.startswith('     1\t\n     2\t\n') and obs.endswith('8000000\t\n') and 'cut ...]' in obs
+  assert len(obs) <= env.settings.observation_chars + 50
+  ep.close('context')
