@@ -20,15 +20,15 @@ from concurrent import futures
 import copy
 import dataclasses
 import hashlib
-import itertools
 from pathlib import Path, PurePosixPath
 import re
 import secrets
 import shlex
-import shutil
+import subprocess
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -44,7 +44,8 @@ from research.tasks import task as task_lib
 # A command that runs the tests: `pytest ...`, `python -m pytest ...` (not `cat pytest.ini`).
 _PYTEST = re.compile(r'(?:^|[\s;&|()])(?:py\.test|pytest)(?=$|[\s;&|()])')
 _RUN_ERROR = re.compile(r"\b(ImportError|ModuleNotFoundError|NameError): (.*)")
-# Sandboxed runs take uids from the top half of this process's block; graders use the bottom.
+# Sandboxed runs take uids from the top half of this process's block, one per live episode (two
+# episodes of one uid would share a process budget); graders use the bottom.
 _RUN_SLOTS = range(sandbox.UIDS_PER_PROCESS // 2, sandbox.UIDS_PER_PROCESS)
 
 
@@ -106,6 +107,10 @@ class Settings:
   observation_chars: int = 6000
   # Small files: the work area is diffed at the end, and a huge edited file would stall that.
   run_limits: sandbox.Limits = sandbox.Limits(cpu_s=20, wall_s=30.0, fsize_mb=8, output_kb=32)
+  # What the work area may hold beyond its pristine tree (entries, MiB), watched while a command
+  # runs (the file-size limit bounds each file, not how many); more ends the episode with reward 0.
+  work_entries: int = 20_000
+  work_mb: int = 256
   # An interpreter for every task's `run` commands; None: each task's own (as grading runs it).
   python: str | None = None
   # Grade identical (task, diff) pairs once (GradeMemo); off: every episode pays its own grading.
@@ -228,14 +233,18 @@ class Episode:
   """One task in a private work area; thread-safe across episodes (nothing shared but the grader)."""
 
   def __init__(self, task: task_lib.Task, pristine: Path, graded: Path,
-               grader: GradeMemo, settings: Settings, uid: int):
+               grader: GradeMemo, settings: Settings, uid: int,
+               release: Callable[[], None] = lambda: None):
     """`pristine`: the tree the policy starts from; `graded`: the tree grading applies the diff to
-    (the same with the hidden tests); `grader`: shared by the env's episodes."""
+    (the same with the hidden tests); `grader`: shared by the env's episodes; `release`: called
+    once the work area is gone (hands `uid` back)."""
     self.task, self.pristine, self.graded = task, pristine, graded
-    self.grader, self.s, self.uid = grader, settings, uid
+    self.grader, self.s, self.uid, self._release = grader, settings, uid, release
     self.root = Path(tempfile.mkdtemp(prefix='repo-episode-'))
     self.work = self.root / 'repo'
     layout.copy_tree(pristine, self.work)
+    entries, size, _ = tools.survey(self.work)
+    self.most = (entries + settings.work_entries, size + (settings.work_mb << 20))
     self.shown = settings.shown()
     self.names = {shown: n for n, shown in self.shown.items()}
     self.prompt = prompt(task, self.work, settings.call_format, self.shown)
@@ -264,7 +273,15 @@ class Episode:
     return out
 
   def _remove(self) -> None:
-    shutil.rmtree(self.root, ignore_errors=True)
+    # rm, not shutil.rmtree: a command may have nested directories deeper than Python recurses.
+    subprocess.run(['rm', '-rf', '--', str(self.root)], check=False, capture_output=True)
+    release, self._release = self._release, None
+    if release is not None:
+      release()
+
+  def _work_problem(self) -> str | None:
+    """What makes the work area unfit for the host-side tools and the diff (tools.survey)."""
+    return tools.survey(self.work, *self.most)[2]
 
   def _step(self, message: str) -> Step:
     if self.final is not None:
@@ -288,6 +305,8 @@ class Episode:
       if call.name == 'submit':
         return self._finish('submit', info)
       obs = self._dispatch(call, info)
+      if 'work_area' in info:
+        return self._finish('work_area', info)
     if self.stats.turns >= self.s.max_turns:
       return self._finish('turns', info)
     return Step(tools.cap(obs, self.s.observation_chars), False, 0.0, False, info)
@@ -297,7 +316,8 @@ class Episode:
     if call.name == 'run':
       return self._run(args['command'], info)
     try:
-      obs = _FILE_TOOLS[call.name](self.work, **args)
+      more = {'most': self.s.observation_chars} if call.name == 'view' else {}
+      obs = _FILE_TOOLS[call.name](self.work, **args, **more)
     except tools.Missing as e:
       info.update(missing=e.path, nearest=e.nearest)
       return f'error: {e}'
@@ -339,7 +359,12 @@ class Episode:
     # gate does not scan them, and they may hold a copy of the library the task deleted code from.
     done = sandbox.run(argv, cwd=self.work, rw=[self.work], env=env, limits=self.s.run_limits,
                        ro=[*sandbox.python_roots(python), *self.task.site_dirs], uid=self.uid,
-                       hide=sandbox.python_hidden(python))
+                       hide=sandbox.python_hidden(python),
+                       watch=lambda: self._work_problem() is not None)
+    # Only a command can make what the host-side tools and the diff cannot handle (deep trees,
+    # names that are no text, a full disk): such a work area ends the episode ungraded.
+    if problem := self._work_problem():
+      info['work_area'] = problem
     if not done.output.startswith(marker + '\n'):
       raise EnvFault(f'sandbox did not start the command (exit {done.returncode}): '
                      f'{(done.sandbox_error or done.output)[:300]}')
@@ -367,9 +392,13 @@ class Episode:
     info = {**(info or {'kind': 'closed'}), 'reason': reason}
     if reason == 'submit':
       info['tested'] = st.tests_run_before_submit
-    diff = patch_lib.diff_trees(self.pristine, self.work)
+    problem = info.get('work_area') or self._work_problem()
+    diff = '' if problem else patch_lib.diff_trees(self.pristine, self.work)
     self._remove()
-    if diff:
+    if problem:
+      info['work_area'] = problem
+      grade = grading.Grade(0.0, f'work area refused: {problem}')
+    elif diff:
       grade, st.grade_shared = self.grader.grade(pool_lib.Job(self.task, self.graded, diff))
     else:
       grade = grading.Grade(0.0, 'no changes')
@@ -402,7 +431,7 @@ class RepoEnv:
     self.pool = pool or pool_lib.GraderPool()
     self.settings = settings.validate()
     self.grader = GradeMemo(self.pool, size=4096 if settings.memoize_grades else 0)
-    self._slots = itertools.count()
+    self._free = list(_RUN_SLOTS)
     self._lock = threading.Lock()
 
   def renamed(self, rename: tuple[str, ...]) -> 'RepoEnv':
@@ -419,7 +448,19 @@ class RepoEnv:
     return metrics([e.stats for e in episodes])
 
   def reset(self, task: task_lib.Task) -> Episode:
+    """A new episode, holding a uid of its own until its work area is removed."""
     with self._lock:
-      slot = _RUN_SLOTS[next(self._slots) % len(_RUN_SLOTS)]
-    return Episode(task, self.task_dir / task.tree, self.task_dir / task.grading_tree, self.grader,
-                   self.settings, sandbox.uid_for(slot))
+      if not self._free:
+        raise RuntimeError(f'repo env: all {len(_RUN_SLOTS)} sandbox uids are held by live '
+                           'episodes (close them, or raise sandbox.UIDS_PER_PROCESS)')
+      slot = self._free.pop()
+
+    def release():
+      with self._lock:
+        self._free.append(slot)
+    try:
+      return Episode(task, self.task_dir / task.tree, self.task_dir / task.grading_tree,
+                     self.grader, self.settings, sandbox.uid_for(slot), release)
+    except BaseException:
+      release()
+      raise

@@ -14,13 +14,14 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 BWRAP, PRLIMIT, SETPRIV = 'bwrap', 'prlimit', 'setpriv'
-# Distinct uids keep concurrent sandboxes from sharing one RLIMIT_NPROC budget: each process
-# gets its own block of UIDS_PER_PROCESS (one per pool slot).
+# Distinct uids keep concurrent sandboxes from sharing one RLIMIT_NPROC budget (a command that
+# holds its uid's processes would starve every other sandbox of that uid): each process gets its
+# own block of UIDS_PER_PROCESS (one per grader slot or live episode).
 BASE_UID = 200_000
-UIDS_PER_PROCESS = 16
+UIDS_PER_PROCESS = 1024
 
 
 def uid_for(slot: int = 0) -> int:
@@ -179,11 +180,14 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
         rw: Sequence[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
         limits: Limits = Limits(), stdin: bytes = b'', uid: int | None = None,
         isolate: bool = True, pass_fds: Sequence[int] = (),
-        hide: Sequence[str | os.PathLike] = ()) -> Completed:
+        hide: Sequence[str | os.PathLike] = (), watch: Callable[[], bool] | None = None,
+        watch_s: float = 1.0) -> Completed:
   """Runs argv with only `ro` (read-only) and `rw` binds visible, at their host paths.
 
   `pass_fds` stay open in the command at the same numbers (e.g. a pipe the harness reads).
   `hide` are directories inside the binds that appear empty (e.g. python_hidden).
+  `watch` is asked every `watch_s` while the command runs; True kills it (e.g. a work area that
+  outgrew its budget: the file-size limit bounds each file, not how many).
 
   With isolate=False the same command runs as a plain subprocess under the same rlimits and
   wall clock, for comparison (it sees the whole machine).
@@ -213,13 +217,19 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
     proc.stdin.close()
   except BrokenPipeError:
     pass  # The command exited without reading its input; its exit status says why.
-  try:
-    proc.wait(timeout=limits.wall_s)
-  except subprocess.TimeoutExpired:
-    timed_out = True
-    # Killing bwrap kills the namespace's init, which takes every process inside with it.
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+  deadline = start + limits.wall_s
+  while True:
+    left = deadline - time.perf_counter()
+    try:
+      proc.wait(timeout=max(min(left, watch_s) if watch else left, 0))
+      break
+    except subprocess.TimeoutExpired:
+      timed_out = left <= watch_s or not watch
+      if timed_out or watch():
+        # Killing bwrap kills the namespace's init, which takes every process inside with it.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        break
   reader.join()
   proc.stdout.close()
   wall = time.perf_counter() - start

@@ -12,6 +12,7 @@ from pathlib import Path
 import shlex
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -440,3 +441,110 @@ def test_sampler_rollout_with_a_random_model(env):
   assert all(m.info['call_error'] == 'malformed' for t in trajs for m in t.messages)
   assert [e.stats.ended_by for e in episodes] == ['turns', 'turns']
   assert not any(e.root.exists() for e in episodes)
+
+
+# Commands that leave the work area unfit for the host side: before, a name that is no text crashed
+# the sampler's tokenizer (a listing) and submit (a masked fault), a deep tree raised RecursionError
+# or ENAMETOOLONG at the next run and at submit (masked, and the work area was left on disk), and
+# nothing bounded how much a command wrote (`fill` wrote until the 30 s wall clock; 200 MB/s
+# are easy).
+UNFIT = {
+    'name_not_text': ("touch $'textops/\\xff.py'", 'not a printable UTF-8 name'),
+    'name_with_newline': ("echo 'x = 1' > $'textops/a\\nb.py'", 'not a printable UTF-8 name'),
+    'deep': ('python -c "import os\nfor _ in range(1100): os.mkdir(\'d\'); os.chdir(\'d\')"',
+             'deeper than 64'),
+    'long_path': ('n=$(printf "%0200d" 0); for i in $(seq 30); do mkdir $n; cd $n; done', 'longer than'),
+    'many_files': ('mkdir m && cd m && seq 1 3000 | xargs touch', 'more than'),
+    'fill': ('while :; do i=$((i + 1)); head -c 4000000 /dev/zero > f$i; sleep 0.2; done', 'more than 8 MiB'),
+}
+
+
+@pytest.mark.parametrize('name', UNFIT)
+def test_an_unfit_work_area_ends_the_episode_ungraded(env, name):
+  command, problem = UNFIT[name]
+  small = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', env.pool,
+                           env_repo.Settings(work_entries=1000, work_mb=8), ids=[SLUG])
+  ep = small.reset(slug(env))
+  step = ep.step(call('str_replace', path='textops/core.py', old=STUB, new='  return text\n'))
+  step = ep.step(call('run', command=command))
+  assert step.done and step.reward == 0.0 and not step.info['hack'], step.info
+  assert problem in step.info['work_area'] and step.info['grade'].startswith('work area refused: ')
+  assert step.info['episode']['ended_by'] == 'work_area' and not ep.root.exists()
+  assert not step.info['timed_out'] and step.info['episode']['env_seconds'] < 15
+  assert len(small._free) == len(env_repo._RUN_SLOTS)  # Its uid is free again.
+
+
+def test_file_tools_refuse_paths_the_harness_cannot_walk(env):
+  """Before, `create` of a path 1100 directories deep raised RecursionError (a masked fault)."""
+  ep = env.reset(slug(env))
+  for path in ['d/' * 1100 + 'x.py', 'textops/a\nb.py', 'textops/' + 'x' * 1100 + '.py']:
+    step = ep.step(call('create', path=path, text='x = 1\n'))
+    assert step.observation.startswith('error: ') and 'tool_error' in step.info, step.observation
+  assert ep.close('context').info['grade'] == 'no changes'
+
+
+def test_search_patterns_cannot_stall_or_crash_the_host(env, monkeypatch):
+  """Before, `(a+)+$` on a line of a's backtracked for ever holding the GIL (every episode's
+  thread stalled), and thousands of nested groups raised RecursionError (a masked fault)."""
+  monkeypatch.setattr(tools, 'SEARCH_S', 1.0)
+  ep = env.reset(slug(env))
+  ep.step(call('create', path='textops/aaa.py', text=f'x = "{"a" * 40}"\n'))
+  obs = ep.step(call('search', pattern='(a+)+$', path='textops/aaa.py')).observation
+  assert obs.startswith('error: the search for ') and 'took more than 1s' in obs
+  obs = ep.step(call('search', pattern='(' * 5000 + ')' * 5000)).observation
+  assert obs.startswith('error: bad regular expression')
+  assert ep.step(call('search', pattern='a{3}"', path='textops')).observation == (
+      f'textops/aaa.py:1: x = "{"a" * 40}"')
+  ep.close('context')
+
+
+def test_live_episodes_hold_distinct_uids(env):
+  """Before, the ninth live episode took the first one's uid: a command holding that uid's
+  process budget (RLIMIT_NPROC counts per uid) made the other episode's forks fail."""
+  eps = [env.reset(slug(env)) for _ in range(9)]
+  uids = {e.uid for e in eps}
+  assert len(uids) == 9 and not uids & {sandbox.uid_for(s) for s in range(env.pool.workers)}
+  with futures.ThreadPoolExecutor(1) as ex:
+    hog = ex.submit(eps[0].step, call('run', command='for i in $(seq 70); do sleep 3 & done; wait'))
+    time.sleep(1.0)
+    assert eps[8].step(call('run', command='true | true && echo forked')).observation == (
+        'exit code 0\nforked\n')
+    assert 'fork' in hog.result().observation
+  for e in eps:
+    e.close('context')
+  assert env.reset(slug(env)).uid in uids  # Closed episodes hand their uids back.
+
+
+def test_processes_do_not_outlive_their_run(env):
+  """What a command leaves running (setsid, nohup, double fork) dies with its sandbox, so nothing
+  writes into the work area after the command returned, nor while it is diffed."""
+  ep = env.reset(slug(env))
+  ep.step(call('run', command="(setsid sh -c 'sleep 1; echo x > late1' &); "
+                              "nohup sh -c 'sleep 1; echo x > late2' >/dev/null 2>&1 &"))
+  time.sleep(2)
+  assert not {'late1', 'late2'} & set(os.listdir(ep.work))
+  ep.close('context')
+
+
+def test_edits_the_parser_cannot_take_are_a_warning(env):
+  """Before, the linter's ast.parse of an edit nesting a few thousand deep raised RecursionError
+  or MemoryError out of the step (a masked fault at will)."""
+  ep = env.reset(slug(env))
+  for n, unit in enumerate(['-', 'lambda:']):
+    step = ep.step(call('create', path=f'textops/deep{n}.py', text='x = ' + unit * 5000 + '1\n'))
+    assert not step.done and 'too deeply nested for the parser' in step.observation, step.observation
+    assert step.info['syntax_error']['path'] == f'textops/deep{n}.py'
+  ep.close('context')
+
+
+def test_viewing_a_huge_file_numbers_only_what_is_shown(env):
+  """Before, `view` numbered all 8 million lines of a file of newlines (6 s and 0.8 GB holding the
+  GIL, every turn) for an observation that keeps 6000 characters."""
+  ep = env.reset(slug(env))
+  ep.step(call('run', command="head -c 8000000 /dev/zero | tr '\\0' '\\n' > textops/big.py"))
+  t0 = time.perf_counter()
+  obs = ep.step(call('view', path='textops/big.py')).observation
+  assert time.perf_counter() - t0 < 3
+  assert obs.startswith('     1\t\n     2\t\n') and obs.endswith('8000000\t\n') and 'cut ...]' in obs
+  assert len(obs) <= env.settings.observation_chars + 50
+  ep.close('context')

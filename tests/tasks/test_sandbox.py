@@ -75,6 +75,17 @@ def test_wall_clock_kills_the_whole_process_tree():
   assert done.timed_out and 1 <= done.wall_s < 10
 
 
+def test_watch_kills_the_command_when_it_says_so(tmp_path):
+  """What the watch sees (here: a file the command wrote) stops the command long before its wall
+  clock; a watch that never objects leaves it alone."""
+  stop = lambda: (tmp_path / 'big').exists()
+  done = _py('import time\nopen("big", "w").close()\ntime.sleep(60)', tmp_path,
+             limits=sandbox.Limits(wall_s=30), watch=stop, watch_s=0.2)
+  assert done.signal == 9 and not done.timed_out and done.wall_s < 5
+  done = _py('import time\ntime.sleep(0.5)\nprint("slept")', watch=lambda: False, watch_s=0.1)
+  assert done.returncode == 0 and done.output == 'slept\n'
+
+
 def test_output_keeps_head_and_tail_only():
   done = _py('import os\nos.write(1, b"HEAD")\nfor _ in range(64): os.write(1, b"x" * (1 << 20))\n'
              'os.write(1, b"TAIL")', limits=sandbox.Limits(output_kb=8))
