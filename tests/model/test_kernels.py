@@ -133,8 +133,7 @@ MASKS = {
 }
 
 
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize('block', [5, 8])
+@pytest.mark.parametrize('block,dtype', [(5, jnp.float32), (8, jnp.bfloat16)], ids=['5-f32', '8-bf16'])
 @pytest.mark.parametrize('heads', [(4, 2, 8, 8), (4, 4, 12, 6)], ids=['gqa', 'mla'])
 @pytest.mark.parametrize('name', sorted(MASKS))
 def test_blockwise_masks_match_dense(name, heads, block, dtype):
