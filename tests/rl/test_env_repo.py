@@ -547,3 +547,18 @@ def test_viewing_a_huge_file_numbers_only_what_is_shown(env):
   assert len(obs) <= env.settings.observation_chars + 50
   ep.step(call('run', command='rm textops/big.py'))  # Nothing left to diff and grade.
   ep.close('context')
+
+
+@pytest.mark.parametrize('command', [
+    'ln -s loop textops/loop; ln -s a textops/b.py; ln -s b.py textops/a.py',  # Link loops.
+    'ln -s /proc/self/fd/0 textops/core2.py; mkfifo textops/f.py',  # Reads that would block.
+    'mkdir textops/sub && chmod 000 textops/sub && touch textops/x.py && chmod 4777 textops/x.py',
+], ids=['link_loops', 'blocking_reads', 'modes'])
+def test_odd_entries_left_at_submit_are_graded_zero_not_a_fault(env, command):
+  """What a command leaves that the diff must not follow or block on: submit grades it 0."""
+  ep = env.reset(slug(env))
+  ep.step(call('run', command=command))
+  assert ep.step(call('view', path='textops')).observation.startswith(('textops', 'error: '))
+  final = ep.step(call('submit'))
+  assert (final.done, final.reward, ep.stats.fault, 'work_area' in final.info) == (
+      True, 0.0, False, False)
