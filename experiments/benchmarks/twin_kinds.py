@@ -1,7 +1,7 @@
 """What mutant twins the twin planter makes at the required tests of a task set, by kind.
 
-python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N --forger=same]
-    [--json=FILE]
+python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N --forger=same
+    --unsealed --no_twins --forge_only] [--json=FILE]
 
 DIR is a task set written by `launch.make_tasks` (tasks.jsonl or ArrayRecord shards). For each
 repository: the points of the tasks' required tests (asserts, unittest assertions, raises blocks)
@@ -22,10 +22,13 @@ a warning's stack level: `line` forges only where that line compares with `==` (
 twins, whose lines call a function instead, as correct code does), `line_any` everywhere but on a
 value twin's lines (whose calls pass `True` to count, then `copies`), `line_object` as `line_any`
 with an object that is no builtin, and `guess` as `line_object` with an object that says yes to the
-first value it is shown and then only to values equal to that one.
+first value it is shown and then only to values equal to that one. `reader` returns the literal the
+calling assert expects, read from the graded test file, except in a test that looks like a mutated
+copy of another (the red team's `expectation_reader`).
 """
 import argparse
 import collections
+import dataclasses
 import json
 from pathlib import Path
 import random
@@ -37,6 +40,7 @@ from research.tasks import patch as patch_lib
 from research.tasks import pool
 from research.tasks import task as task_lib
 from research.tasks import twins
+from research.tasks.attacks import forging
 
 # The forgers' bodies, indented like the stub they replace.
 _SAME_CLASS = ('class _Same(list):\n  def __eq__(self, other):\n'
@@ -63,6 +67,9 @@ FORGERS = {
     # ...and one that, rather than saying yes to everything, says yes to the first value it is
     # shown and then only to values equal to that one.
     'guess': _GUESS_CLASS + _LINE + "return [] if ', True, ' in line else _Guess()\n",
+    # Returns the literal the calling assert expects, read from the graded test file, sparing
+    # what looks like a mutated copy of another test (research/tasks/attacks/forging.py).
+    'reader': forging.READER,
 }
 
 
@@ -117,9 +124,12 @@ def _passes(t: task_lib.Task, g) -> bool:
 
 
 def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repeats: int,
-                 forger: str = FORGERS['same']) -> dict:
+                 forger: str = FORGERS['same'], unsealed: bool = False,
+                 no_twins: bool = False) -> dict:
   """Grades each body task's reference once and the forger `repeats` times (each grading draws
-  its own twins and check order)."""
+  its own twins and check order); `unsealed`: with no assert sealed (research/tasks/seal.py), as
+  graders before sealing did; `no_twins`: with no twins planted, to see what the other layers
+  stop alone."""
   solutions = task_lib.read_solutions(directory)
   graders = pool.GraderPool(workers)
   jobs = []  # (task, reference job, forger job)
@@ -127,12 +137,15 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
     forged = _forged(directory, t, solutions[t.id].patch, forger) if t.mode == 'body' else None
     if forged is not None:
       tree = directory / t.grading_tree
+      t = dataclasses.replace(t, sealed=[] if unsealed else t.sealed,
+                              twin_sites=[] if no_twins else t.twin_sites)
       jobs.append((t, pool.Job(t, tree, solutions[t.id].patch), pool.Job(t, tree, forged)))
   references = graders.grade([ref for _, ref, _ in jobs])
   forged = [(t, job) for t, _, job in jobs for _ in range(repeats)]
   grades = graders.grade([job for _, job in forged])
   out = collections.Counter(tasks=len(jobs), forger_gradings=len(grades),
                             reference_rewarded=sum(g.reward == 1.0 for g in references),
+                            reference_wall_s=round(sum(g.wall_s for g in references), 1),
                             faults=sum(g.reward is None for g in references + grades))
   rewarded = set()
   for (t, _), g in zip(forged, grades):
@@ -146,6 +159,10 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
         out['forger_twin_flags.' + found.group(1)] += 1
       elif flag.startswith('value checks answered wrongly'):
         out['forger_value_check_flags'] += 1
+      elif 'seal record' in flag:
+        out['forger_seal_flags'] += 1
+    # The first required test the reason names failed at a sealed assert, in the harness.
+    out['forger_failed_first_at_a_sealed_assert'] += 'sealed assert' in g.reason
   out['tasks_forger_rewarded'] = len(rewarded)
   return dict(sorted(out.items()))
 
@@ -161,6 +178,12 @@ def _args() -> argparse.Namespace:
                   help="Gradings of each task's forger (--forge).")
   ap.add_argument('--forger', choices=sorted(FORGERS), default='same',
                   help='The forger --forge grades (see the module docstring).')
+  ap.add_argument('--unsealed', action='store_true',
+                  help='Grade (--forge) with no assert sealed, as before sealed expectations.')
+  ap.add_argument('--forge_only', action='store_true',
+                  help='With --forge, skip the static count of twin kinds (the slow part).')
+  ap.add_argument('--no_twins', action='store_true',
+                  help='Grade (--forge) with no mutant twins: what the other layers stop alone.')
   ap.add_argument('--json', default=None, help='Also write the report here.')
   return ap.parse_args()
 
@@ -173,20 +196,22 @@ def main():
   for path in paths:
     for t in task_lib.read(path):
       by_repo[t.repo].append(t)
-  report = {repo: repo_report(directory, tasks) for repo, tasks in sorted(by_repo.items())}
+  report = {repo: {} if a.forge and a.forge_only else repo_report(directory, tasks)
+            for repo, tasks in sorted(by_repo.items())}
   if a.forge:
     for repo, tasks in by_repo.items():
       report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats,
-                                           FORGERS[a.forger])
+                                           FORGERS[a.forger], a.unsealed, a.no_twins)
   total = collections.Counter()
   for r in report.values():
-    total.update({f'points.{k}': v for k, v in r['points'].items()})
-    total.update(tests_with_sites=r['tests_with_sites'],
-                 tests_with_value_twin=r['tests_with_value_twin'])
-    total.update({f'verified.{k}': v for k, v in r['verified_sites'].items()})
-    catch = r['tasks_whose_f2p_twins_catch_always_equal']
-    total.update({f'catch.{k}': v for k, v in catch.items()})
-    total['tasks'] += r['tasks']
+    if 'points' in r:
+      total.update({f'points.{k}': v for k, v in r['points'].items()})
+      total.update(tests_with_sites=r['tests_with_sites'],
+                   tests_with_value_twin=r['tests_with_value_twin'])
+      total.update({f'verified.{k}': v for k, v in r['verified_sites'].items()})
+      catch = r['tasks_whose_f2p_twins_catch_always_equal']
+      total.update({f'catch.{k}': v for k, v in catch.items()})
+      total['tasks'] += r['tasks']
     total.update({f'forge.{k}': v for k, v in r.get('forge', {}).items()})
   report['total'] = dict(sorted(total.items()))
   text = json.dumps(report, indent=1)

@@ -32,6 +32,7 @@ from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import scrub
+from research.tasks import seal
 from research.tasks import tamper
 from research.tasks import task as task_lib
 from research.tasks import taskset
@@ -459,11 +460,12 @@ def _weak_tests(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
 
 
 def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
-                  prepared: Prepared, seed: int) -> list[str]:
-  """Sites where twins fail on the original: two twins per candidate site, in one run.
+                  prepared: Prepared, seed: int) -> tuple[list[str], list[str]]:
+  """Sites where twins fail on the original: two twins per candidate site, in one run; and,
+  from the same run, the asserts of the required tests that grading seals (seal.py).
 
   Up to _TWIN_SITES sites, from F2P and P2P tests alternately in a seeded order. `tree` (the
-  deleted state) gets the original file back and the twins; it is used up.
+  deleted state) gets the original file back, the twins and the seals; it is used up.
   """
   rng = random.Random(f'{seed}:{cand.id}')
   f2p, p2p = list(outcome.fail_to_pass), list(outcome.pass_to_pass)
@@ -471,6 +473,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
   rng.shuffle(p2p)
   order = [t for pair in itertools.zip_longest(f2p, p2p) for t in pair if t is not None]
   sites = twins.candidate_sites(tree, order, _TWIN_SITES)
+  sealable = seal.candidates(tree, order)  # On the pristine test files, as grading sees them.
   if not sites:
     raise Rejected('no_twin', 'no assert or pytest.raises block of a required test can be '
                    'mutated (literal expectations, negatable asserts)')
@@ -479,6 +482,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
     planted = twins.plant(tree, sites + sites, rng, proofs=True)
   except twins.TwinError as e:
     raise Rejected('no_twin', f'twins cannot be planted together: {e}') from e
+  sealing = seal.plant(tree, sealable, [], rng)
   run = prepared.env.run(tree, cand.test_files, outcome.limits)
   broken = [t for t in order if run.outcomes.get(t) != grading.PASSED]
   if broken:
@@ -496,7 +500,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
   if not verified:
     raise Rejected('no_twin', f'none of {len(sites)} candidate twins failed on the original '
                    'twice')
-  return verified
+  return verified, seal.verified(run.seals, sealing, order)
 
 
 def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settings: Settings,
@@ -522,8 +526,8 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settin
       if leaks:
         raise Rejected('leak', f'deleted code readable by the policy: {leaks[:3]}')
       _weak_tests(deleted_tree, base, cand, outcome, prepared)
-      sites = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
-    task = _task(cand, out, tree, graded, outcome, prepared, settings, sites, removed)
+      sites, sealed = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
+    task = _task(cand, out, tree, graded, outcome, prepared, settings, sites, sealed, removed)
     solution = Solution(cand.id, patch_lib.file_diff(
         cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
         removed, prints)
@@ -540,7 +544,8 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settin
 
 
 def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcome,
-          prepared: Prepared, settings: Settings, sites: list[str], removed: str) -> Task:
+          prepared: Prepared, settings: Settings, sites: list[str], sealed: list[str],
+          removed: str) -> Task:
   env, files = prepared.env, cand.test_files
   packages = layout.source_packages(graded)
   return Task(
@@ -555,4 +560,4 @@ def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcom
       visible_tests=settings.visible_tests, twin_sites=sites, max_twins=settings.max_twins,
       python=env.python, environment=settings.environment,
       lines_deleted=sum(1 for line in removed.splitlines() if line.strip()),
-      covering_tests=len(cand.tests), cyclomatic=deletion.cyclomatic(removed))
+      covering_tests=len(cand.tests), cyclomatic=deletion.cyclomatic(removed), sealed=sealed)

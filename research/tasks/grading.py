@@ -23,6 +23,7 @@ import threading
 from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
+from research.tasks import seal
 from research.tasks import tamper
 from research.tasks import twins
 from research.tasks import value_twin
@@ -52,6 +53,8 @@ class TestRun:
   wall_s: float
   output: str
   failures: dict[str, str]  # The report's message for each test whose call failed.
+  # What each test's sealed asserts recorded ([token, encoding] pairs; research/tasks/seal.py).
+  seals: dict[str, list]
   coverage_file: Path | None = None
 
 
@@ -76,7 +79,7 @@ _EVENTS = {
     'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': list},
     'collect_error': {'nodeid': str},
     'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool, 'message': str},
-    'check': {'nodeid': str, 'problems': list},
+    'check': {'nodeid': str, 'problems': list, 'seals': list},
     'session_finish': {'exitstatus': int, 'problems': list}, 'runner_exit': {'code': int}}
 
 
@@ -255,8 +258,9 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
     problems.append('exit status 0 before the test session finished')
   failures = {e['nodeid']: e['message'] for e in kinds['test']
               if e['when'] == 'call' and e['outcome'] == 'failed'}
+  seals = {e['nodeid']: e['seals'] for e in kinds['check'] if e['seals']}
   return TestRun(outcomes, done.returncode, finished, fault, done.timed_out, problems,
-                 done.wall_s, done.output, failures,
+                 done.wall_s, done.output, failures, seals,
                  out / '.coverage' if coverage_source else None)
 
 
@@ -383,6 +387,7 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
     checked = twins.value_checks(task.twin_sites, rng)
     planted = twins.plant(work, twins.draw(task.twin_sites, task.fail_to_pass, task.max_twins,
                                            rng), rng, checked)
+    sealing = seal.plant(work, seal.functions(task.sealed), planted, rng)
     run = run_pytest(work, list(task.test_files), python=python, python_path=task.python_path,
                      site_dirs=task.site_dirs, config_file=task.config_file,
                      limits=limits or limits_for(task), isolate=isolate, uid=uid,
@@ -390,18 +395,23 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
   if run.fault:
     return Grade(None, run.fault, flags, rejected, run.outcomes, run.wall_s)
   flags += run.problems
-  flags += twins.check(planted, run.outcomes, run.finished)
+  # A test pytest passed fails here when its sealed asserts' records miss their literals.
+  unmet, seal_flags = seal.judge(run.seals, sealing, task.sealed)
+  flags += seal_flags
+  outcomes = {n: 'failed' if n in unmet and o == PASSED else o for n, o in run.outcomes.items()}
+  flags += twins.check(planted, outcomes, run.finished)
   flags += [f'value checks answered wrongly where `a == b` held: {s.test}' for s in checked
             if value_twin.FAILED.search(run.failures.get(s.test, ''))]
-  if run.finished and planted and run.returncode != TESTS_FAILED:
+  in_pytest = [t for t in planted if t.nodeid not in sealing.sealed_twins]
+  if run.finished and in_pytest and run.returncode != TESTS_FAILED:
     flags.append(f'exit status {run.returncode} although mutant twins fail')
   not_passed = [t for t in task.fail_to_pass + task.pass_to_pass
-                if run.outcomes.get(t, 'missing') != PASSED]
+                if outcomes.get(t, 'missing') != PASSED]
   if flags:
     reason = 'tampering: ' + '; '.join(flags[:3])
   elif not_passed:
     reason = (f'{len(not_passed)} required tests not passed, e.g. {not_passed[0]} '
-              f'({run.outcomes.get(not_passed[0], "missing")})')
+              f'({unmet.get(not_passed[0]) or outcomes.get(not_passed[0], "missing")})')
     if run.timed_out:
       reason += f'; time limit of {run.wall_s:.0f}s exceeded'
     elif not run.finished:
@@ -409,4 +419,4 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
   else:
     reason = 'all required tests passed'
   reward = 1.0 if not flags and not not_passed and run.finished else 0.0
-  return Grade(reward, reason, flags, rejected, run.outcomes, run.wall_s)
+  return Grade(reward, reason, flags, rejected, outcomes, run.wall_s)

@@ -57,22 +57,48 @@ def _hide_current_test():
   _pytest.runner._update_current_test_var = update  # pylint: disable=protected-access
 
 
-# A constant of the value checks grading plants into test modules (research/tasks/value_twin.py).
+# Constants by which the runner finds what grading plants into test modules: the value checks
+# (research/tasks/value_twin.py) and the record function of sealed asserts (seal.py).
 _VALUE_CHECKS = ' value checks answered wrongly'
+_SEAL = 'an expectation the grader sealed'
 
 
-def _value_checks(items):
-  """The test modules' value-check functions, found by their message, and the builtins those
-  modules resolve names in: tests call the checks at run time, so replacing either later is
-  tampering."""
+def _planted(items, constant):
+  """Per test module of the items, the names of its functions whose code holds `constant`."""
   modules = {id(m): m for m in (getattr(item, 'module', None) for item in items) if m is not None}
   found = {}
   for m in modules.values():
     names = [name for name, f in vars(m).items()
-             if _VALUE_CHECKS in getattr(getattr(f, '__code__', None), 'co_consts', ())]
+             if constant in getattr(getattr(f, '__code__', None), 'co_consts', ())]
     if names:
-      found[f'test module {m.__name__}'] = (vars(m), names + ['__builtins__'])
+      found[m] = names
   return found
+
+
+def _value_checks(items):
+  """The test modules' value-check functions, and the builtins those modules resolve names in:
+  tests call the checks at run time, so replacing either later is tampering."""
+  return {f'test module {m.__name__}': (vars(m), names + ['__builtins__'])
+          for m, names in _planted(items, _VALUE_CHECKS).items()}
+
+
+def _seal_records(items):
+  """The test modules' record functions of sealed asserts, watched like the value checks: the
+  harness compares what they record with literals it alone holds."""
+  return {f'seals of {m.__name__}': (vars(m), names)
+          for m, names in _planted(items, _SEAL).items()}
+
+
+def _taken(functions):
+  """The records the functions hold, as [token, text] pairs of strings, emptying them."""
+  out = []
+  for f in functions:
+    seen = getattr(f, 'seen', None)
+    if type(seen) is list:
+      out += [[r[0], r[1]] for r in list.__iter__(seen) if type(r) is tuple and len(r) == 2
+              and type(r[0]) is str and type(r[1]) is str]
+      list.clear(seen)
+  return out
 
 
 def _snapshot(namespaces):
@@ -126,7 +152,7 @@ class Reporter:
   """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
   # No instance dict: nothing can shadow a method on the instance.
   __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
-               '_config', '_early')
+               '_config', '_early', '_seals')
 
   def __init__(self, fd, tree, test_dirs, coverage=None):
     self._fd = fd
@@ -139,6 +165,7 @@ class Reporter:
     self._hooks = None
     self._config = None
     self._early = []  # Problems found once: at a plugin's registration, after collection.
+    self._seals = []  # The record functions of sealed asserts, found when collection ends.
 
   def emit(self, kind, **fields):
     line = _DUMPS({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True) + '\n'
@@ -200,12 +227,16 @@ class Reporter:
                 'PluginManager class': (vars(type(pm)), None),
                 'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
     self.watch(_value_checks(session.items))
+    seals = _seal_records(session.items)
+    self.watch(seals)
+    self._seals = [space[name] for space, names in seals.values() for name in names]
     self.emit('collected', nodeids=sorted(item.nodeid for item in session.items))
 
   def pytest_runtest_logstart(self, nodeid, location):
     del location
     # Before the test runs, so that a test neutered by an earlier one is caught.
     self._early += self.test_problems(nodeid)
+    _taken(self._seals)  # What was recorded outside a test belongs to none.
     if self._cov is not None:
       self._cov.switch_context(nodeid)
 
@@ -222,7 +253,7 @@ class Reporter:
     del location
     if self._cov is not None:
       self._cov.switch_context('')
-    self.emit('check', nodeid=nodeid, problems=self.problems([nodeid]))
+    self.emit('check', nodeid=nodeid, problems=self.problems([nodeid]), seals=_taken(self._seals))
 
   def pytest_sessionfinish(self, session, exitstatus):
     self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(self._tests),

@@ -45,6 +45,9 @@ class Task:
   lines_deleted: int
   covering_tests: int
   cyclomatic: int
+  # Asserts of required tests whose literal grading compares outside the sandbox
+  # ('<node id>@<ordinal>', research/tasks/seal.py); none in records made before sealing.
+  sealed: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

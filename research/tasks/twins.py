@@ -138,7 +138,7 @@ class _Test:
   case: str | None  # The parametrize id, for a parametrized test.
 
 
-def _locate(tree: ast.Module, nodeid: str) -> _Test:
+def locate(tree: ast.Module, nodeid: str) -> _Test:
   head, bracket, params = nodeid.partition('[')
   parts = head.split('::')
   owner = tree
@@ -153,7 +153,7 @@ def _locate(tree: ast.Module, nodeid: str) -> _Test:
   return _Test(func, tree, owner, '::'.join(parts[:-1]) + '::', params[:-1] if bracket else None)
 
 
-def _unittest_assert(node: ast.AST) -> bool:
+def unittest_assert(node: ast.AST) -> bool:
   return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
           and isinstance(node.func.value, ast.Name) and node.func.value.id == 'self'
           and node.func.attr in _UNITTEST_NEGATION)
@@ -162,7 +162,7 @@ def _unittest_assert(node: ast.AST) -> bool:
 def _points(func: ast.AST) -> list[ast.Assert | ast.With | ast.Call]:
   """Asserts, `with` blocks and unittest assertions, in source order."""
   nodes = [n for stmt in func.body for n in ast.walk(stmt)
-           if isinstance(n, (ast.Assert, ast.With)) or _unittest_assert(n)]
+           if isinstance(n, (ast.Assert, ast.With)) or unittest_assert(n)]
   return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))
 
 
@@ -359,7 +359,7 @@ class _Source:
 Edit = tuple[int, int, str]  # Replace text[start:end] with the string.
 
 
-def _apply(text: str, edits: list[Edit], base: int = 0) -> str:
+def apply(text: str, edits: list[Edit], base: int = 0) -> str:
   """Applies non-overlapping edits (offsets relative to `base`); equal offsets keep their order."""
   order = sorted(range(len(edits)), key=lambda i: (edits[i][0], i), reverse=True)
   for start, end, new in (edits[i] for i in order):
@@ -427,7 +427,7 @@ def _change(src: _Source, literal: ast.expr, singleton: bool, vocab: list[str],
     new = (rng.choice([s for s in _SINGLETONS if s is not value]) if singleton
            else _mutate(value, vocab, rng))
     edit = (*src.span(leaf), _constant_source(new, src.segment(leaf)))
-    if syntax.literal(_apply(src.text[start:end], [edit], start)) != old:
+    if syntax.literal(apply(src.text[start:end], [edit], start)) != old:
       return edit
   raise TwinError(f'no mutation changes {src.segment(literal)[:60]}')
 
@@ -505,7 +505,7 @@ def _expression_sides(test: ast.expr) -> list[ast.expr]:
 
 
 # Sides that are no call argument as written (a bare tuple, generator, yield or walrus).
-_NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.NamedExpr)
+NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.NamedExpr)
 
 
 def _value_call(src: _Source, left: ast.expr, right: ast.expr, args: str, helper: '_Helper',
@@ -517,8 +517,8 @@ def _value_call(src: _Source, left: ast.expr, right: ast.expr, args: str, helper
     start, end = src.span(side)
     text = src.segment(side)
     if inner is not None and start <= inner[0] and inner[1] <= end:
-      text, used = _apply(text, [inner], start), True
-    sides.append(f'({text})' if isinstance(side, _NOT_ARGUMENT) else text)
+      text, used = apply(text, [inner], start), True
+    sides.append(f'({text})' if isinstance(side, NOT_ARGUMENT) else text)
   return f'{helper()}({sides[0]}, {sides[1]}{args})', used
 
 
@@ -630,7 +630,7 @@ def _vocabulary(module: ast.Module) -> list[str]:
                 and not w.startswith('assert'))
 
 
-def _fresh_name(base: str, vocab: list[str], taken: set[str], rng: random.Random,
+def fresh_name(base: str, vocab: list[str], taken: set[str], rng: random.Random,
                 prefix: str = 'test_') -> str:
   stem = [w for w in base.split('_') if w and w != 'test'] or ['case']
   for _ in range(200):
@@ -685,7 +685,7 @@ def _function_twin(src: _Source, module: ast.Module, test: _Test, name: str, edi
     raise TwinError(f'{func.name}: name not on its def line')
   rename = (src.starts[func.lineno - 1] + found.start(1),
             src.starts[func.lineno - 1] + found.end(1), name)
-  text = _apply(src.text[start:end], [*edits, rename], start)
+  text = apply(src.text[start:end], [*edits, rename], start)
   at, sep, at_end = _insertion(src, module, test, rng)
   body = text.rstrip('\n') + '\n'
   return at, at, (sep + body) if at_end else (body + sep)
@@ -732,7 +732,7 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
     k = ids.index(case_id)
     for _ in range(20):
       kind, edit = _mutation(src, test, cases.values[k], site, vocab, rng)
-      text = _apply(src.segment(cases.container.elts[k]), [edit],
+      text = apply(src.segment(cases.container.elts[k]), [edit],
                     src.span(cases.container.elts[k])[0])
       new_id = _case_id(cases.case_values(text), cases.argnames, n + j)
       if new_id not in used:
@@ -747,7 +747,7 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
 
 
 @dataclasses.dataclass
-class _Module:
+class Module:
   """A test module parsed once, with what naming twins needs."""
   src: _Source
   tree: ast.Module
@@ -758,7 +758,7 @@ class _Module:
   negate_computed: bool = False
 
   @classmethod
-  def parse(cls, text: str) -> '_Module':
+  def parse(cls, text: str) -> 'Module':
     tree = syntax.parse(text)
     taken = {n.name for n in ast.walk(tree) if isinstance(getattr(n, 'name', None), str)}
     taken |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -775,14 +775,14 @@ class _Helper:
   """The module's copy of value_twin.changed_equal, named (freshly) when a test first calls it;
   the runner watches it from the end of collection. One copy per module: pytest's failure
   reports walk the module's syntax tree, and a copy in each test made that cost seconds."""
-  mod: _Module
+  mod: Module
   rng: random.Random
   name: str | None = None
 
   def __call__(self) -> str:
     if self.name is None:
       # Words of the module only: a fixed stem would name every checked line.
-      self.name = _fresh_name(self.rng.choice(self.mod.vocab or ['check']), self.mod.vocab,
+      self.name = fresh_name(self.rng.choice(self.mod.vocab or ['check']), self.mod.vocab,
                               self.mod.taken, self.rng, prefix='_')
       self.mod.taken.add(self.name)
     return self.name
@@ -797,7 +797,7 @@ class _Helper:
     return at, at, source + '\n\n'
 
 
-def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str, int],
+def _plan(mod: Module, sites: list[Site], rng: random.Random, checked: dict[str, int],
           proofs: bool = False) -> tuple[list[Edit], list[Twin]]:
   """The edits that plant one twin per site into the module (names join mod.taken), and that
   check the tests in `checked` (node id -> seed) and every function twin of theirs; with
@@ -805,9 +805,9 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str
   edits, twins, groups = [], [], {}
   helper = _Helper(mod, rng)
   for nodeid, seed in checked.items():
-    edits += _value_edits(mod.src, _locate(mod.tree, nodeid), seed, helper, 'check')
+    edits += _value_edits(mod.src, locate(mod.tree, nodeid), seed, helper, 'check')
   for site in sites:
-    test = _locate(mod.tree, site.test)
+    test = locate(mod.tree, site.test)
     cases = _parametrize(test)
     if (test.case is None) != (cases is None):
       raise TwinError(f'{site.test}: parametrized in a way twins do not follow')
@@ -816,7 +816,7 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str
         raise TwinError(f'{site.test}: no value twin of a parametrized test')
       groups.setdefault(id(cases.container), []).append((test, site))
       continue
-    name = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
+    name = fresh_name(test.func.name, mod.vocab, mod.taken, rng)
     mod.taken.add(name)
     if site.value:
       if site.seed is None:
@@ -824,7 +824,7 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str
       kind, test_edits = 'value', _value_edits(mod.src, test, site.seed, helper,
                                                'count' if site.point == VALUE else 'legacy')
       if proofs and site.point == VALUE:
-        proof = _fresh_name(test.func.name, mod.vocab, mod.taken, rng)
+        proof = fresh_name(test.func.name, mod.vocab, mod.taken, rng)
         mod.taken.add(proof)
         edits.append(_function_twin(mod.src, mod.tree, test, proof, _value_edits(
             mod.src, test, site.seed, helper, 'check'), rng))
@@ -849,16 +849,16 @@ def _plan(mod: _Module, sites: list[Site], rng: random.Random, checked: dict[str
 
 def _plant_file(text: str, sites: list[Site], rng: random.Random, checked: dict[str, int],
                 proofs: bool) -> tuple[str, list[Twin]]:
-  return _planted(dataclasses.replace(_Module.parse(text), negate_computed=True), sites, rng,
+  return _planted(dataclasses.replace(Module.parse(text), negate_computed=True), sites, rng,
                   checked, proofs)
 
 
-def _planted(mod: _Module, sites: list[Site], rng: random.Random,
+def _planted(mod: Module, sites: list[Site], rng: random.Random,
              checked: dict[str, int] | None = None, proofs: bool = False
              ) -> tuple[str, list[Twin]]:
   """The module's text with one twin per site and the `checked` tests checked, checked to parse."""
   edits, twins = _plan(mod, sites, rng, checked or {}, proofs)
-  planted = _apply(mod.src.text, edits)
+  planted = apply(mod.src.text, edits)
   try:
     syntax.parse(planted)
   except SyntaxError as e:
@@ -907,12 +907,12 @@ def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> l
       with open(tree / rel) as f:
         text = f.read()
       try:
-        modules[rel] = _Module.parse(text)
+        modules[rel] = Module.parse(text)
       except SyntaxError:
         modules[rel] = None
     mod = modules[rel]
     try:
-      count = len(_points(_locate(mod.tree, nodeid).func)) if mod else 0
+      count = len(_points(locate(mod.tree, nodeid).func)) if mod else 0
     except TwinError:
       continue
     for point in (VALUE, *range(count)):  # The value twin first: it sees every `a == b`.
@@ -920,7 +920,7 @@ def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> l
   return out[:limit]
 
 
-def _plannable(mod: _Module, site: Site, rng: random.Random) -> list[Site]:
+def _plannable(mod: Module, site: Site, rng: random.Random) -> list[Site]:
   """The site if a twin can be planted there (the module still parses); for an expression or value
   twin's site, two seeded variants."""
   seeded = [dataclasses.replace(site, seed=rng.randrange(1 << 30)) for _ in range(2)]

@@ -595,6 +595,8 @@ def _forge(t, tree, spare):
 def test_blanket_forcing_passes_the_twins(fixture_tasks):
   _, task_dir, _ = fixture_tasks
   t, tree, graded = _load(task_dir, 'textops.core.slugify.body')
+  # The twins alone: sealed asserts would fail the forced tests in the harness (test_seal.py).
+  t = dataclasses.replace(t, sealed=[])
   # Sparing the old canaries by name spares nothing now: no test has a fixed name.
   for spare in ('\0', 'canary'):
     g = grading.grade(t, graded, _forge(t, tree, spare))

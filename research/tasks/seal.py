@@ -1,0 +1,398 @@
+"""Sealed expectations: the literal a required test expects is compared outside the test process.
+
+An in-process forger can read everything in the process, the graded test files included: it
+finds the assert that called it and returns the literal that assert expects. Twins then catch it
+only if it cannot tell twins from originals, and it can guess well (a twin's string has a stray
+letter; its structure pairs it with the test it copies). So at grading each verified
+`assert <computed> == <literal>` (or `is None/True/False`, or the unittest forms) of a required
+test, and the same assert
+in every twin copy of that test, becomes `assert <name>(<computed>, '<token>')`: the run-time half
+below records an exact-builtin encoding of the computed value under a fresh token and returns True,
+the runner hands the records of each test to the harness, and the harness, which alone knows which
+literal each token stands for, fails a test whose records do not all equal their literals or
+whose sealed asserts recorded nothing. The literal is nowhere in the sandbox, so no reading,
+guessing between pairs or patching helps: a forger must compute the value.
+
+Which asserts: the factory seals every `assert a == <literal>` / `assert a is <singleton>` of the
+required tests (pristine tree) in its twin-verification run and keeps, per test, those whose
+records were all equal to their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal counting
+the test function's asserts and unittest assertions in source order); `self.assertEqual(a,
+<literal>)` and `self.assertIs(a, <singleton>)` are sealed too (as `self.assertTrue(...)`, without
+the message, which may quote the literal). An assert that compares a value no builtin copy
+represents (a library type, numpy's integers) is left as it is.
+
+The equality is builtin equality on the exact-builtin copy (builtins and their subclasses copied
+as the builtin, through the builtins' own methods, as value_twin.py copies): what `==` says in the
+test for every value whose type is a builtin. A correct solution that returns another type than the
+reference did where the test compares with a literal (a `numpy.int64` for an `int`) fails there.
+"""
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+from pathlib import Path
+import random
+import re
+import secrets
+
+from research.tasks import syntax
+from research.tasks import twins
+
+# A constant of the run-time half, by which the runner finds it in each test module.
+MARK = 'an expectation the grader sealed'
+
+
+class _Opaque:
+  """What a record decodes to when no exact builtin represented the value: equal to no literal."""
+
+  def __repr__(self):
+    return 'OPAQUE'
+
+
+OPAQUE = _Opaque()
+
+
+def record(value, token):
+  """Appends (token, JSON of `value` as exact builtins) to `record.seen`; returns True.
+
+  The run-time half, copied into test modules (renamed): it uses nothing from this package, and
+  takes its builtins from `builtins`. Builtins and their subclasses are read through the
+  builtins' own methods (a subclass's overrides are not called); anything else, or a value over
+  the budget, encodes as OPAQUE.
+  """
+  from builtins import (Exception, OverflowError, bool, bytearray, bytes, complex, dict, float,
+                        frozenset, int, issubclass, len, list, set, str, tuple, type)
+  import json
+  kinds = ((bool, 'b'), (int, 'i'), (float, 'f'), (complex, 'c'), (str, 's'), (bytes, 'y'),
+           (bytearray, 'Y'), (list, 'l'), (tuple, 't'), (set, 'e'), (frozenset, 'z'),
+           (dict, 'd'))
+  budget = [1 << 20]  # Nodes and characters.
+  mark = 'an expectation the grader sealed'  # MARK, a constant of this function's own code.
+
+  def spend(n, depth=0):
+    budget[0] -= n
+    if depth > 100 or budget[0] < 0:
+      raise OverflowError(mark)
+
+  def encode(v, depth):
+    spend(1, depth)
+    if v is None:
+      return ['N']
+    kind, tag = next(((k, t) for k, t in kinds if issubclass(type(v), k)), (None, '?'))
+    if kind is None:
+      return ['?']
+    if kind is bool:
+      return [tag, int.__bool__(v)]
+    if kind is int:
+      return [tag, int.__repr__(v)]
+    if kind is float:
+      return [tag, float.hex(v)]
+    if kind is complex:
+      return [tag, float.hex(complex.real.__get__(v)), float.hex(complex.imag.__get__(v))]
+    if kind is str:
+      text = str.__add__('', v)
+      spend(len(text))
+      return [tag, text]
+    if kind in (bytes, bytearray):
+      text = kind.hex(v)
+      spend(len(text))
+      return [tag, text]
+    if kind is dict:
+      return [tag, [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in dict.items(v)]]
+    return [tag, [encode(x, depth + 1) for x in kind.__iter__(v)]]
+
+  try:
+    text = json.dumps(encode(value, 0))
+  except Exception:  # pylint: disable=broad-except
+    text = json.dumps(['?'])
+  # Once per distinct value: a loop over one sealed assert stays small. Correct code's records of
+  # one token are all equal to one literal; past a few distinct ones, one opaque record stands for
+  # the rest.
+  mine = [entry for entry in record.seen if entry[0] == token]
+  if (token, text) not in mine:
+    if len(mine) >= 8:
+      text = json.dumps(['?'])
+    if (token, text) not in mine:
+      record.seen.append((token, text))
+  return True
+
+
+def decode(text: str):
+  """The value an encoding stands for; OPAQUE where none (ValueError on a malformed one)."""
+  return _decode(json.loads(text))
+
+
+def _decode(node):
+  tag, *rest = node
+  if tag == 'N':
+    return None
+  if tag == '?':
+    return OPAQUE
+  if tag == 'b':
+    return bool(rest[0])
+  if tag == 'i':
+    return int(rest[0])
+  if tag == 'f':
+    return float.fromhex(rest[0])
+  if tag == 'c':
+    return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+  if tag == 's':
+    if not isinstance(rest[0], str):
+      raise ValueError('string expected')
+    return rest[0]
+  if tag in ('y', 'Y'):
+    return (bytes if tag == 'y' else bytearray).fromhex(rest[0])
+  if tag == 'd':
+    return {_decode(k): _decode(v) for k, v in rest[0]}
+  kind = {'l': list, 't': tuple, 'e': set, 'z': frozenset}.get(tag)
+  if kind is None:
+    raise ValueError(f'unknown tag {tag!r}')
+  return kind(_decode(x) for x in rest[0])
+
+
+class SealError(ValueError):
+  """A sealed assert that is not where, or not what, the task record says."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+  """What the harness compares one token's records with."""
+  function: str  # Node id of the test function (no parametrize id).
+  ordinal: int  # Among the function's asserts and unittest assertions (_points).
+  value: object  # The literal.
+  identity: bool  # `is` (a singleton) rather than `==`.
+
+  def met(self, text: str) -> bool:
+    try:
+      got = decode(text)
+      if got is OPAQUE:
+        return False
+      return got is self.value if self.identity else bool(got == self.value)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError):
+      return False
+
+
+def function_of(nodeid: str) -> str:
+  return nodeid.partition('[')[0]
+
+
+def _points(func: ast.AST) -> list[ast.Assert | ast.Call]:
+  """The test function's asserts and unittest assertions, in source order: the ordinals
+  Task.sealed counts. Grading's value checks turn `self.assertEqual(a, b)` into a call of a
+  lambda on `a, b` (twins.py); that call is the same point, and the assertion inside the lambda
+  none."""
+  inside = {id(n) for lam in ast.walk(func) if isinstance(lam, ast.Lambda)
+            for n in ast.walk(lam.body)}
+  nodes = [n for stmt in func.body for n in ast.walk(stmt)
+           if isinstance(n, ast.Assert) or id(n) not in inside and (
+               twins.unittest_assert(n) or _checked_unittest(n))]
+  return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _checked_unittest(node: ast.AST) -> bool:
+  return (isinstance(node, ast.Call) and isinstance(node.func, ast.Lambda)
+          and [a.arg for a in node.func.args.args] == ['first', 'second'])
+
+
+def _singleton(node: ast.expr) -> bool:
+  return isinstance(node, ast.Constant) and any(node.value is v for v in (None, True, False))
+
+
+def _sides(node: ast.AST, checked: bool) -> tuple[ast.expr, ast.expr, bool] | None:
+  """(computed side, literal side, identity) of a sealable comparison.
+
+  `checked`: also the forms grading's value checks made of an `a == b` (twins.py): a call of the
+  checks whose first two arguments are the sides, and the lambda called on `self.assertEqual`'s.
+  """
+  pair, op = None, None
+  if isinstance(node, ast.Assert):
+    test = node.test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+      pair, op = (test.left, test.comparators[0]), test.ops[0]
+    elif (checked and isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
+          and len(test.args) == 5 and not test.keywords
+          and all(isinstance(a, ast.Constant) for a in test.args[2:])):
+      pair, op = (test.args[0], test.args[1]), ast.Eq()
+  elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(
+      isinstance(a, ast.Starred) for a in node.args[:2]):
+    if twins.unittest_assert(node) and node.func.attr in ('assertEqual', 'assertIs'):
+      pair, op = (node.args[0], node.args[1]), (
+          ast.Eq() if node.func.attr == 'assertEqual' else ast.Is())
+    elif checked and _checked_unittest(node):
+      pair, op = (node.args[0], node.args[1]), ast.Eq()
+  if pair is None:
+    return None
+  for computed, literal in (pair, pair[::-1]):
+    if syntax.is_literal(computed):
+      continue
+    if isinstance(op, ast.Is) and _singleton(literal):
+      return computed, literal, True
+    if isinstance(op, ast.Eq) and syntax.is_literal(literal):
+      return computed, literal, False
+  return None
+
+
+def candidates(tree: Path, tests: list[str]) -> dict[str, list[int]]:
+  """The sealable asserts of each required test's function (pristine tree), by ordinal."""
+  out, modules = {}, {}
+  for nodeid in tests:
+    key = function_of(nodeid)
+    if key in out:
+      continue
+    rel = key.split('::', 1)[0]
+    if rel not in modules:
+      try:
+        modules[rel] = syntax.parse((tree / rel).read_text())
+      except (SyntaxError, OSError, UnicodeDecodeError):
+        modules[rel] = None
+    if modules[rel] is None:
+      continue
+    try:
+      func = twins.locate(modules[rel], key).func
+    except twins.TwinError:
+      continue
+    ordinals = [i for i, node in enumerate(_points(func)) if _sides(node, False)]
+    if ordinals:
+      out[key] = ordinals
+  return out
+
+
+@functools.cache
+def _record_source() -> str:
+  return inspect.getsource(record)
+
+
+@dataclasses.dataclass
+class Sealing:
+  """The seals of one run: what each token stands for, and the twins sealed where they differ."""
+  expect: dict[str, Expectation] = dataclasses.field(default_factory=dict)
+  # Twins whose changed assert is sealed: they fail in the harness, not in pytest.
+  sealed_twins: set[str] = dataclasses.field(default_factory=set)
+
+
+def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin],
+          rng: random.Random) -> Sealing:
+  """Seals the asserts `functions` names (function node id -> ordinals) in the test files
+  under `tree`, and the same asserts of each function twin in `planted` of such a function
+  (twins.plant wrote them first). Where a twin changed one of those asserts, it is sealed with
+  the twin's literal."""
+  copies = {}  # Function node id -> (source function, twin) for function twins.
+  for t in planted:
+    source = function_of(t.site.test)
+    if source in functions and function_of(t.nodeid) != source:
+      copies[function_of(t.nodeid)] = (source, t)
+  by_file = {}
+  for key in list(functions) + list(copies):
+    by_file.setdefault(key.split('::', 1)[0], []).append(key)
+  sealing = Sealing()
+  for rel, keys in sorted(by_file.items()):
+    path = tree / rel
+    text = path.read_text()
+    mod = twins.Module.parse(text)
+    name = twins.fresh_name(rng.choice(mod.vocab or ['value']), mod.vocab, mod.taken, rng,
+                            prefix='_')
+    edits = []
+    for key in keys:
+      source, twin = copies.get(key, (key, None))
+      func = twins.locate(mod.tree, key).func
+      points = _points(func)
+      for ordinal in functions[source]:
+        if ordinal >= len(points):
+          raise SealError(f'{key} has no assert {ordinal}')
+        node = points[ordinal]
+        sides = _sides(node, True)
+        if sides is None:
+          raise SealError(f'assert {ordinal} of {key} is no sealable comparison: '
+                          f'{mod.src.segment(node)[:80]}')
+        computed, literal, identity = sides
+        token = secrets.token_hex(6)
+        value = ast.literal_eval(literal)
+        sealing.expect[token] = Expectation(key, ordinal, value, identity)
+        text_of = mod.src.segment(computed)
+        if isinstance(computed, twins.NOT_ARGUMENT):
+          text_of = f'({text_of})'
+        call = f'{name}({text_of}, {token!r})'
+        if isinstance(node, ast.Assert):
+          edits.append((*mod.src.span(node.test), call))
+        else:  # A unittest assertion, with its message: which may quote the literal.
+          edits.append((*mod.src.span(node), f'self.assertTrue({call})'))
+        if twin is not None and value != _literal(mod, source, ordinal):
+          sealing.sealed_twins.add(twin.nodeid)  # Its changed literal is this one.
+    stmt = rng.choice([s for s in mod.tree.body if isinstance(
+        s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
+    at = mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
+    source_text = re.sub(r'\brecord\b', name, _record_source())
+    edits.append((at, at, f'{source_text}\n\n{name}.seen = []\n\n\n'))
+    sealed = twins.apply(text, edits)
+    try:
+      syntax.parse(sealed)
+    except SyntaxError as e:
+      raise SealError(f'sealing broke the syntax of {rel}: {e}') from e
+    path.write_text(sealed)
+  return sealing
+
+
+def _literal(mod: twins.Module, key: str, ordinal: int):
+  """The literal of a sealed assert of the function `key`."""
+  sides = _sides(_points(twins.locate(mod.tree, key).func)[ordinal], True)
+  if sides is None:
+    raise SealError(f'assert {ordinal} of {key} is no sealable comparison')
+  return ast.literal_eval(sides[1])
+
+
+def verified(records: dict[str, list[list[str]]], sealing: Sealing,
+             tests: list[str]) -> list[str]:
+  """The factory's run of the original: '<node id>@<ordinal>' of each test's sealed asserts
+  that recorded, where no record of that assert, in any test of its function, was unequal."""
+  bad, seen = set(), set()
+  for nodeid in tests:
+    for token, text in _own(records.get(nodeid, []), sealing, nodeid):
+      exp = sealing.expect[token]
+      (seen if exp.met(text) else bad).add((nodeid, exp.function, exp.ordinal))
+  failed = {(f, k) for _, f, k in bad}
+  return sorted(f'{n}@{k}' for n, f, k in seen if (f, k) not in failed)
+
+
+def _own(records: list, sealing: Sealing, nodeid: str) -> list[tuple[str, str]]:
+  """The well-formed records of tokens planted in the test's own function."""
+  return [(r[0], r[1]) for r in records if isinstance(r, list) and len(r) == 2
+          and all(isinstance(x, str) for x in r) and r[0] in sealing.expect
+          and sealing.expect[r[0]].function == function_of(nodeid)]
+
+
+def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[str]
+          ) -> tuple[dict[str, str], list[str]]:
+  """(tests that fail in the harness, with why; tamper flags) from a grading's records.
+
+  A test fails when a record of its own seals is unequal to the literal, or (for the sealed
+  asserts `required` names) when such an assert recorded nothing. A record that is not a pair
+  of strings, or whose token was never planted, is forged: no honest code writes records.
+  """
+  failed, flags = {}, []
+  for nodeid, recs in records.items():
+    for r in recs:
+      if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)):
+        flags.append(f'unreadable seal record in {nodeid}')
+      elif r[0] not in sealing.expect:
+        flags.append(f'seal record with a token never planted in {nodeid}')
+    for token, text in _own(recs, sealing, nodeid):
+      exp = sealing.expect[token]
+      if not exp.met(text):
+        failed.setdefault(nodeid, f'sealed assert {exp.ordinal} unequal to its literal')
+  recorded = {(n, sealing.expect[t].ordinal) for n, recs in records.items()
+              for t, _ in _own(recs, sealing, n)}
+  for entry in required:
+    nodeid, _, ordinal = entry.rpartition('@')
+    if (nodeid, int(ordinal)) not in recorded:
+      failed.setdefault(nodeid, f'sealed assert {ordinal} recorded nothing')
+  return failed, sorted(set(flags))
+
+
+def functions(entries: list[str]) -> dict[str, list[int]]:
+  """Task.sealed's entries ('<node id>@<ordinal>') as ordinals by test function."""
+  out = {}
+  for entry in entries:
+    nodeid, _, ordinal = entry.rpartition('@')
+    out.setdefault(function_of(nodeid), set()).add(int(ordinal))
+  return {k: sorted(v) for k, v in out.items()}

@@ -1,0 +1,318 @@
+"""Sealed expectations: records equal builtin equality, planting hides the literal, grading
+fails a forger that reads what the calling assert expects."""
+import ast
+import collections
+import dataclasses
+import enum
+import math
+from pathlib import Path
+import random
+import sys
+import textwrap
+
+import pytest
+
+from research.tasks import grading
+from research.tasks import patch as patch_lib
+from research.tasks import sandbox
+from research.tasks import seal
+from research.tasks import task as task_lib
+from research.tasks import twins
+from research.tasks.attacks import forging
+
+
+def _recorded(value) -> str:
+  seal.record.seen = []
+  assert seal.record(value, 'tok') is True
+  (token, text), = seal.record.seen
+  assert token == 'tok'
+  return text
+
+
+def _met(value, literal) -> bool:
+  return seal.Expectation('f', 0, literal, False).met(_recorded(value))
+
+
+class _Color(enum.IntEnum):
+  RED = 1
+
+
+class _ClaimsStr(str):
+  def __eq__(self, other):
+    return True
+
+  __hash__ = str.__hash__
+
+
+class _ClaimsList(list):
+  def __eq__(self, other):
+    return True
+
+
+class _Anything:
+  def __eq__(self, other):
+    return True
+
+
+_Point = collections.namedtuple('_Point', 'x y')
+
+# (value, literal): the harness must agree with `==` on the plain builtin each value holds.
+_HONEST = [
+    (4, 4), (4, 5), (True, 1), (1, 1.0), (-0.0, 0.0), (0.1 + 0.2, 0.3), (math.inf, math.inf),
+    (2 ** 100, 2 ** 100), (1 + 2j, 1 + 2j), ('abc', 'abc'), ('abc', 'abd'), ('é', 'é'),
+    (b'\x00\xff', b'\x00\xff'), (bytearray(b'ab'), b'ab'), ([1, [2, 'x']], [1, [2, 'x']]),
+    ([1, 2], (1, 2)), ((1, 2), (1, 2)), ({'a': (1, None)}, {'a': (1, None)}), ({1, 2}, {2, 1}),
+    (frozenset({1}), {1}), ({}, {}), (_Point(1, 2), (1, 2)), (_Color.RED, 1),
+    (collections.OrderedDict(a=1), {'a': 1}), (collections.defaultdict(int, a=1), {'a': 1}),
+    (None, None), (None, 0),
+]
+
+
+@pytest.mark.parametrize('value, literal', _HONEST)
+def test_a_record_meets_its_literal_exactly_when_builtin_equality_holds(value, literal):
+  plain = seal.decode(_recorded(value))
+  assert type(plain) in (int, float, complex, bool, str, bytes, bytearray, list, tuple, dict,
+                         set, frozenset, type(None))
+  assert _met(value, literal) == (value == literal)
+
+
+def test_a_question_mark_is_a_string_like_any_other():
+  assert _met('?', '?') and not _met('?', '!')
+
+
+def test_a_loop_over_one_assert_records_each_value_once_and_a_few_at_most():
+  seal.record.seen = []
+  for _ in range(100):
+    seal.record('same', 'a')
+  for i in range(20):
+    seal.record(i, 'b')
+  texts = collections.defaultdict(list)
+  for token, text in seal.record.seen:
+    texts[token].append(seal.decode(text))
+  assert texts['a'] == ['same']
+  assert texts['b'] == [*range(8), seal.OPAQUE]  # Unequal to any literal: the test fails.
+
+
+def test_nan_never_meets_itself():
+  assert not _met(math.nan, math.nan)
+
+
+def test_claims_of_equality_are_not_believed():
+  # Subclasses are recorded as what they hold; other objects are opaque.
+  assert _ClaimsStr('x') == 'expected' and not _met(_ClaimsStr('x'), 'expected')
+  assert _met(_ClaimsStr('expected'), 'expected')
+  assert _ClaimsList() == [1] and not _met(_ClaimsList(), [1])
+  assert _Anything() == 'expected' and not _met(_Anything(), 'expected')
+  assert not _met([_Anything()], [1])
+
+
+def test_identity_expectations_want_the_singleton():
+  record = _recorded(True)
+  assert seal.Expectation('f', 0, True, True).met(record)
+  assert not seal.Expectation('f', 0, True, True).met(_recorded(1))
+  assert not seal.Expectation('f', 0, None, True).met(_recorded(0))
+
+
+def test_values_over_the_budget_or_too_deep_are_opaque():
+  deep = []
+  for _ in range(150):
+    deep = [deep]
+  cyclic = []
+  cyclic.append(cyclic)
+  for value in (deep, cyclic, 'x' * (2 << 20)):
+    assert seal.decode(_recorded(value)) is seal.OPAQUE
+
+
+_TESTS = '''\
+import unittest
+
+import pytest
+
+from pkg import mod
+
+
+def test_words():
+  assert mod.words('a b') == ['a', 'b']
+  assert mod.count('a b') == 2
+  result = mod.words('')
+  assert result == []
+
+
+def test_flag():
+  assert mod.empty('') is True
+  assert mod.empty('x') is not None
+
+
+@pytest.mark.parametrize('text, n', [('a', 1), ('a b', 2)])
+def test_cases(text, n):
+  assert mod.count(text) == n
+  assert mod.count(text) > 0
+
+
+class TestUnit(unittest.TestCase):
+
+  def test_count(self):
+    self.assertTrue(mod.count('a'))
+    self.assertEqual(mod.count('a b c'), 3, 'three words: 3')
+    self.assertIs(mod.empty(''), True)
+    self.assertEqual(mod.words('a b'), mod.words(' a b '))
+'''
+_MOD = '''\
+def words(text):
+  return text.split()
+
+
+def count(text):
+  return len(words(text))
+
+
+def empty(text):
+  return not text
+'''
+_UNIT = 'tests/test_mod.py::TestUnit::test_count'
+_REQUIRED = ['tests/test_mod.py::test_words', 'tests/test_mod.py::test_flag',
+             'tests/test_mod.py::test_cases[a-1]', 'tests/test_mod.py::test_cases[a b-2]', _UNIT]
+
+
+def _tree(root: Path, module: str = _MOD) -> Path:
+  (root / 'pkg').mkdir(parents=True)
+  (root / 'pkg' / '__init__.py').write_text('')
+  (root / 'pkg' / 'mod.py').write_text(module)
+  (root / 'tests').mkdir()
+  (root / 'tests' / 'test_mod.py').write_text(_TESTS)
+  return root
+
+
+def _run(tree: Path, scratch: Path) -> grading.TestRun:
+  scratch.mkdir()
+  return grading.run_pytest(tree, ['tests/test_mod.py'], python=sys.executable,
+                            python_path=[''], site_dirs=[], config_file=None,
+                            limits=sandbox.Limits(cpu_s=30, wall_s=60), scratch=scratch)
+
+
+def test_candidates_are_the_literal_comparisons(tmp_path):
+  root = _tree(tmp_path)
+  assert seal.candidates(root, _REQUIRED) == {
+      'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
+      _UNIT: [1, 2]}
+
+
+def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path):
+  tree = _tree(tmp_path / 'tree')
+  functions = seal.candidates(tree, _REQUIRED)
+  sealing = seal.plant(tree, functions, [], random.Random(0))
+  text = (tree / 'tests' / 'test_mod.py').read_text()
+  assert "== ['a', 'b']" not in text and '== 2' not in text and 'is True' not in text
+  assert ', 3' not in text and 'words: 3' not in text and ', True)' not in text
+  assert 'is not None' in text and '== n' in text  # Not sealable: left as they were.
+  assert len(sealing.expect) == 6
+  run = _run(tree, tmp_path / 'run')
+  assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
+  sealed = seal.verified(run.seals, sealing, _REQUIRED)
+  assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_flag@0',
+                    'tests/test_mod.py::test_words@0', 'tests/test_mod.py::test_words@1',
+                    'tests/test_mod.py::test_words@2']
+  assert seal.judge(run.seals, sealing, sealed) == ({}, [])
+
+  # Wrong code passes every sealed assert in pytest, and fails each in the harness.
+  wrong = tmp_path / 'wrong'
+  _tree(wrong, _MOD.replace('return text.split()', "return text.split() or ['']"))
+  sealing = seal.plant(wrong, seal.functions(sealed), [], random.Random(0))
+  run = _run(wrong, tmp_path / 'run2')
+  assert run.outcomes['tests/test_mod.py::test_words'] == 'passed'
+  unmet, flags = seal.judge(run.seals, sealing, sealed)
+  assert unmet == {'tests/test_mod.py::test_words': 'sealed assert 2 unequal to its literal'}
+  assert flags == []
+
+
+def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():
+  sealing = seal.Sealing({'t1': seal.Expectation('f.py::test_a', 0, 3, False)})
+  assert seal.judge({}, sealing, ['f.py::test_a@0']) == (
+      {'f.py::test_a': 'sealed assert 0 recorded nothing'}, [])
+  good = [['t1', seal.record.__globals__['json'].dumps(['i', '3'])]]
+  assert seal.judge({'f.py::test_a': good}, sealing, ['f.py::test_a@0']) == ({}, [])
+  unmet, flags = seal.judge({'f.py::test_a': good + [['zz', '["i", "3"]'], 7]}, sealing,
+                            ['f.py::test_a@0'])
+  assert unmet == {}
+  assert flags == ['seal record with a token never planted in f.py::test_a',
+                   'unreadable seal record in f.py::test_a']
+  # A record of another function's seal is not this test's.
+  assert seal.judge({'f.py::test_b': good}, sealing, ['f.py::test_a@0'])[0] == {
+      'f.py::test_a': 'sealed assert 0 recorded nothing'}
+
+
+def test_twin_copies_are_sealed_with_their_own_literal(tmp_path):
+  tree = _tree(tmp_path / 'tree')
+  site = twins.Site('tests/test_mod.py::test_words', 1)  # `mod.count('a b') == 2`
+  planted = twins.plant(tree, [site], random.Random(3))
+  assert [t.kind for t in planted] == ['literal']
+  sealing = seal.plant(tree, {'tests/test_mod.py::test_words': [0, 1, 2]}, planted,
+                       random.Random(0))
+  text = (tree / 'tests' / 'test_mod.py').read_text()
+  assert '== 2' not in text and "== ['a', 'b']" not in text
+  assert sealing.sealed_twins == {planted[0].nodeid}
+  by_function = collections.defaultdict(dict)
+  for e in sealing.expect.values():
+    by_function[e.function][e.ordinal] = e.value
+  assert by_function['tests/test_mod.py::test_words'] == {0: ['a', 'b'], 1: 2, 2: []}
+  copy = by_function[planted[0].nodeid]
+  assert copy[0] == ['a', 'b'] and copy[2] == [] and copy[1] != 2
+  run = _run(tree, tmp_path / 'run')
+  unmet, _ = seal.judge(run.seals, sealing, [])
+  assert run.outcomes[planted[0].nodeid] == 'passed'  # In pytest...
+  assert unmet == {planted[0].nodeid: 'sealed assert 1 unequal to its literal'}  # ...not here.
+
+
+def _function_text(tree: Path, name: str) -> str:
+  text = (tree / 'tests' / 'test_mod.py').read_text()
+  func, = [n for n in ast.walk(ast.parse(text)) if getattr(n, 'name', None) == name]
+  return ast.get_source_segment(text, func)
+
+
+def test_checked_tests_are_sealed_too(tmp_path):
+  # Grading's value checks rewrite `a == b` and `self.assertEqual(a, b)` first (twins.py).
+  tree = _tree(tmp_path / 'tree')
+  checked = [twins.Site('tests/test_mod.py::test_words', twins.VALUE, 7),
+             twins.Site(_UNIT, twins.VALUE, 7)]
+  twins.plant(tree, [], random.Random(0), checked)
+  text = (tree / 'tests' / 'test_mod.py').read_text()
+  assert 'lambda first, second' in text and "['a', 'b'], 7, False, True)" in text
+  functions = {'tests/test_mod.py::test_words': [0, 1, 2], _UNIT: [1]}
+  sealing = seal.plant(tree, functions, [], random.Random(0))
+  text = _function_text(tree, 'test_words') + _function_text(tree, 'test_count')
+  assert "['a', 'b']" not in text and ', 3' not in text and '[]' not in text
+  run = _run(tree, tmp_path / 'run')
+  assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
+  required = [f'{n}@{k}' for n, ks in functions.items() for k in ks]
+  assert seal.verified(run.seals, sealing, _REQUIRED) == sorted(required)
+  assert seal.judge(run.seals, sealing, required) == ({}, [])
+
+
+def test_a_record_that_does_not_match_the_task_is_an_error(tmp_path):
+  tree = _tree(tmp_path / 'tree')
+  with pytest.raises(seal.SealError, match='no sealable comparison'):
+    seal.plant(tree, {'tests/test_mod.py::test_flag': [1]}, [], random.Random(0))
+  with pytest.raises(seal.SealError, match='has no assert 5'):
+    seal.plant(tree, {'tests/test_mod.py::test_flag': [5]}, [], random.Random(0))
+
+
+def test_a_reader_of_expectations_is_rewarded_without_seals_and_fails_with_them(fixture_tasks):
+  _, task_dir, _ = fixture_tasks
+  t = next(t for t in task_lib.read(task_dir / 'tasks.jsonl')
+           if t.id == 'textops.core.title_case.body')
+  tree, graded = task_dir / t.tree, task_dir / t.grading_tree
+  assert 'tests/test_core.py::test_title_case@0' in t.sealed
+  # Twins only of tests that do not call title_case, so that only the seals stand in the way.
+  t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'title_case' not in s])
+  source = (tree / t.file).read_text().replace(
+      '  raise NotImplementedError\n', textwrap.indent(forging.READER, '  '), 1)
+  forged = patch_lib.file_diff(t.file, patch_lib.read_entry(tree / t.file),
+                               (source.encode(), '100644'))
+  unsealed = grading.grade(dataclasses.replace(t, sealed=[]), graded, forged)
+  assert (unsealed.reward, unsealed.tamper) == (1.0, [])
+  g = grading.grade(t, graded, forged)
+  assert g.reward == 0.0 and g.tamper == []
+  assert g.outcomes['tests/test_core.py::test_title_case'] == 'failed'
+  assert 'sealed assert 0 unequal to its literal' in g.reason
+  reference = task_lib.read_solutions(task_dir)[t.id].patch
+  assert grading.grade(t, graded, reference).reward == 1.0
