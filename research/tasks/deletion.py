@@ -87,8 +87,9 @@ TRIVIAL = ('return None', 'return True', 'return False', 'return 0', "return ''"
 
 
 def trivial_bodies(source: str, sym: Symbol) -> list[str]:
-  """TRIVIAL, the echoes of the function's own inputs (`return self`, the first argument), and
-  each constant the function itself returns (a branch the tests may be all of).
+  """TRIVIAL, the echoes of the function's own inputs (`return self`, each argument), and each
+  constant the function itself returns, by value or by a name that is not its own (a module
+  constant, `NotImplemented`): a branch the tests may be all of.
 
   A generator's trivial body yields nothing (in a form valid for async generators too).
   """
@@ -96,20 +97,32 @@ def trivial_bodies(source: str, sym: Symbol) -> list[str]:
   own = _own_nodes(node)
   if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own):
     return ['if False: yield']
-  params = [a.arg for a in node.args.posonlyargs + node.args.args]
+  params = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
   decorators = {d.id for d in node.decorator_list if isinstance(d, ast.Name)}
   bound = bool(prefix) and 'staticmethod' not in decorators and params
   out = list(TRIVIAL)
-  if bound:
-    out.append(f'return {params.pop(0)}')
-  if params:
-    out.append(f'return {params[0]}')
+  out += [f'return {p}' for p in params[:1] if bound]
+  out += [f'return {p}' for p in params[bool(bound):]]
+  local = set(params) | _bound_names(own)
   for ret in sorted((n for n in own if isinstance(n, ast.Return) and n.value is not None),
                     key=lambda n: n.lineno):
     body = f'return {ast.unparse(ret.value)}'
-    if syntax.is_literal(ret.value) and body not in out:
+    constant = syntax.is_literal(ret.value) or (
+        isinstance(ret.value, ast.Name) and ret.value.id not in local)
+    if constant and body not in out:
       out.append(body)
   return out
+
+
+def _bound_names(nodes: list[ast.AST]) -> set[str]:
+  """Names a function's own body binds (assignments, loops, imports, nested definitions)."""
+  names = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+  names |= {n.name for n in nodes
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+  names |= {(a.asname or a.name).split('.')[0] for n in nodes
+            if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+  names |= {n.name for n in nodes if isinstance(n, ast.ExceptHandler) and n.name}
+  return names
 
 
 def _own_nodes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:

@@ -127,6 +127,23 @@ def speed(mode):
   if mode == 'off':
     return None
   return ('slow', -1) if mode else noargs()
+
+
+DEFAULT = 'medium'
+
+
+def level(name, *, fallback=None):
+  import os
+  total = 0
+  for part in name.split():
+    total += len(part)
+  if not name:
+    return NotImplemented
+  if total > 3:
+    return total
+  if name == 'env':
+    return os
+  return DEFAULT
 '''
 
 
@@ -139,7 +156,7 @@ def _trivial(qualname, start=None):
 def test_trivial_bodies_echo_inputs_and_yield_nothing_from_generators():
   constants = list(deletion.TRIVIAL)
   assert _trivial('Pair.__eq__')[1] == constants + ['return self', 'return other']
-  assert _trivial('Pair.make')[1] == constants + ['return a']  # No self: a staticmethod.
+  assert _trivial('Pair.make')[1] == constants + ['return a', 'return b']  # A staticmethod.
   setter = max(s.start for s in deletion.symbols(TRIVIAL_SOURCE) if s.qualname == 'Pair.first')
   assert _trivial('Pair.first', setter)[1] == constants + ['return self', 'return value']
   assert _trivial('chunks')[1] == _trivial('stream')[1] == ['if False: yield']
@@ -148,6 +165,9 @@ def test_trivial_bodies_echo_inputs_and_yield_nothing_from_generators():
   # The constants the function returns itself: tests may check only the branches that do.
   assert _trivial('noargs')[1] == constants + ['return 1']
   assert _trivial('speed')[1] == constants + ['return mode', "return 'quick'"]
+  # ...and the names it returns that are not its own: a module constant, a builtin one.
+  assert _trivial('level')[1] == constants + [
+      'return name', 'return fallback', 'return NotImplemented', 'return DEFAULT']
 
 
 def test_every_trivial_body_replaces_the_body_and_behaves_as_written():

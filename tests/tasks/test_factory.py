@@ -155,6 +155,19 @@ def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
             if score >= 90:
               return 'excellent'
             return 'fair' if score >= 50 else 'poor'
+
+
+          SEPARATOR = ', '
+
+
+          def separator(style):
+            if style == 'tabs':
+              return '\\t'
+            return SEPARATOR
+
+
+          def pick(first, fallback):
+            return first if first is not None else fallback
           ''',
       'tests/test_pkg.py': '''\
           import pkg
@@ -180,10 +193,19 @@ def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
 
           def test_grade_of():
             assert pkg.grade_of(95) == 'excellent'
+
+
+          def test_separator():
+            assert pkg.separator('plain') == ', '
+
+
+          def test_pick():
+            assert pkg.pick(None, 5) == 5
           '''})
   out = tmp_path / 'out'
   summary = factory.make_tasks(repo, out, modes=('body',),
-                               only=('Tag.__eq__', 'clean', 'double', 'log', 'grade_of'),
+                               only=('Tag.__eq__', 'clean', 'double', 'log', 'grade_of',
+                                     'separator', 'pick'),
                                progress=False, log=lambda _: None)
   with open(out / 'rejected.jsonl') as f:
     rejected = {r['candidate']: r for r in map(json.loads, f)}
@@ -193,6 +215,10 @@ def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
   # The only branch tested returns a constant of the deleted code.
   assert rejected['pkg.grade_of.body']['detail'] == (
       "`return 'excellent'` passes every FAIL_TO_PASS test")
-  assert summary.rejected == {'weak_tests': 3}
+  # A module constant it returns by name; an argument other than the first.
+  assert rejected['pkg.separator.body']['detail'] == (
+      '`return SEPARATOR` passes every FAIL_TO_PASS test')
+  assert rejected['pkg.pick.body']['detail'] == '`return fallback` passes every FAIL_TO_PASS test'
+  assert summary.rejected == {'weak_tests': 5}
   # Where the tests pin the function down (a value, an effect), the task is kept.
   assert {t.id for t in task_lib.read(out / 'tasks.jsonl')} == {'pkg.double.body', 'pkg.log.body'}
