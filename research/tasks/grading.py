@@ -130,9 +130,10 @@ def _account(events: list[dict]) -> tuple[dict[str, str], dict[str, list[dict]],
   collected = {n for e in kinds['collected'] for n in e['nodeids']}
   problems += [f'{n} reported but never collected' for n in phases if kinds['collected']
                and n not in collected]
-  checked = {e['nodeid'] for e in kinds['check']}
+  checked = collections.Counter(e['nodeid'] for e in kinds['check'])
   problems += [f'no integrity check after {n}' for n, p in phases.items()
                if 'teardown' in p and n not in checked]
+  problems += [f'{n} checked {count} times' for n, count in checked.items() if count > 1]
   for e in kinds['check'] + kinds['session_finish']:
     problems += e['problems']
   return outcomes, kinds, sorted(set(problems))
@@ -258,9 +259,11 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
     problems.append('exit status 0 before the test session finished')
   failures = {e['nodeid']: e['message'] for e in kinds['test']
               if e['when'] == 'call' and e['outcome'] == 'failed'}
-  seals = {e['nodeid']: e['seals'] for e in kinds['check'] if e['seals']}
+  seals = collections.defaultdict(list)
+  for e in kinds['check']:
+    seals[e['nodeid']] += e['seals']
   return TestRun(outcomes, done.returncode, finished, fault, done.timed_out, problems,
-                 done.wall_s, done.output, failures, seals,
+                 done.wall_s, done.output, failures, dict(seals),
                  out / '.coverage' if coverage_source else None)
 
 

@@ -13,6 +13,10 @@ literal each token stands for, fails a test whose records do not all equal their
 whose sealed asserts recorded nothing. The literal is nowhere in the sandbox, so no reading,
 guessing between pairs or patching helps: a forger must compute the value.
 
+The literal may also be one a local name is bound to once: a local that only sealed asserts read
+is then bound to None. A sealed assert loses its message, and a sealed test its comments and
+docstring: any of them may quote the literal.
+
 Which asserts: the factory seals every `assert a == <literal>` / `assert a is <singleton>` of the
 required tests (pristine tree) in its twin-verification run and keeps, per test, those whose
 records were all equal to their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal counting
@@ -30,11 +34,13 @@ import ast
 import dataclasses
 import functools
 import inspect
+import io
 import json
 from pathlib import Path
 import random
 import re
 import secrets
+import tokenize
 
 from research.tasks import syntax
 from research.tasks import twins
@@ -199,8 +205,10 @@ def _singleton(node: ast.expr) -> bool:
   return isinstance(node, ast.Constant) and any(node.value is v for v in (None, True, False))
 
 
-def _sides(node: ast.AST, checked: bool) -> tuple[ast.expr, ast.expr, bool] | None:
-  """(computed side, literal side, identity) of a sealable comparison.
+def _sides(node: ast.AST, checked: bool, func: ast.AST
+           ) -> tuple[ast.expr, ast.expr, bool, ast.Name | None] | None:
+  """(computed side, literal, identity, the name it was read through) of a sealable comparison;
+  the literal may be one a local name is bound to once, in `func`.
 
   `checked`: also the forms grading's value checks made of an `a == b` (twins.py): a call of the
   checks whose first two arguments are the sides, and the lambda called on `self.assertEqual`'s.
@@ -223,13 +231,23 @@ def _sides(node: ast.AST, checked: bool) -> tuple[ast.expr, ast.expr, bool] | No
       pair, op = (node.args[0], node.args[1]), ast.Eq()
   if pair is None:
     return None
-  for computed, literal in (pair, pair[::-1]):
-    if syntax.is_literal(computed):
+
+  def literal_of(side):
+    if isinstance(side, ast.Name):
+      bound = twins.bound_once(func, side.id)
+      return (bound, side) if bound is not None else (None, None)
+    return (side, None) if syntax.is_literal(side) else (None, None)
+
+  for computed, side in (pair, pair[::-1]):
+    if literal_of(computed)[0] is not None:
+      continue
+    literal, name = literal_of(side)
+    if literal is None:
       continue
     if isinstance(op, ast.Is) and _singleton(literal):
-      return computed, literal, True
-    if isinstance(op, ast.Eq) and syntax.is_literal(literal):
-      return computed, literal, False
+      return computed, literal, True, name
+    if isinstance(op, ast.Eq):
+      return computed, literal, False, name
   return None
 
 
@@ -252,7 +270,7 @@ def candidates(tree: Path, tests: list[str]) -> dict[str, list[int]]:
       func = twins.locate(modules[rel], key).func
     except twins.TwinError:
       continue
-    ordinals = [i for i, node in enumerate(_points(func)) if _sides(node, False)]
+    ordinals = [i for i, node in enumerate(_points(func)) if _sides(node, False, func)]
     if ordinals:
       out[key] = ordinals
   return out
@@ -297,15 +315,16 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
       source, twin = copies.get(key, (key, None))
       func = twins.locate(mod.tree, key).func
       points = _points(func)
+      names = []  # The names sealed asserts read their literal through.
       for ordinal in functions[source]:
         if ordinal >= len(points):
           raise SealError(f'{key} has no assert {ordinal}')
         node = points[ordinal]
-        sides = _sides(node, True)
+        sides = _sides(node, True, func)
         if sides is None:
           raise SealError(f'assert {ordinal} of {key} is no sealable comparison: '
                           f'{mod.src.segment(node)[:80]}')
-        computed, literal, identity = sides
+        computed, literal, identity, name_read = sides
         token = secrets.token_hex(6)
         value = ast.literal_eval(literal)
         sealing.expect[token] = Expectation(key, ordinal, value, identity)
@@ -313,12 +332,18 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
         if isinstance(computed, twins.NOT_ARGUMENT):
           text_of = f'({text_of})'
         call = f'{name}({text_of}, {token!r})'
+        # Without its message, which may quote the literal.
         if isinstance(node, ast.Assert):
-          edits.append((*mod.src.span(node.test), call))
-        else:  # A unittest assertion, with its message: which may quote the literal.
+          edits.append((mod.src.span(node.test)[0], mod.src.span(node)[1], call))
+        else:
           edits.append((*mod.src.span(node), f'self.assertTrue({call})'))
-        if twin is not None and value != _literal(mod, source, ordinal):
-          sealing.sealed_twins.add(twin.nodeid)  # Its changed literal is this one.
+        if name_read is not None:
+          names.append((name_read, literal))
+        if twin is not None and twin.kind != 'value' and ast.dump(node) != ast.dump(
+            _points(twins.locate(mod.tree, source).func)[ordinal]):
+          # The twin's change is in this assert: it fails in the harness, not in pytest.
+          sealing.sealed_twins.add(twin.nodeid)
+      edits += _unbound(mod, func, names) + _commentary(mod, func)
     stmt = rng.choice([s for s in mod.tree.body if isinstance(
         s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
     at = mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
@@ -333,12 +358,41 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
   return sealing
 
 
-def _literal(mod: twins.Module, key: str, ordinal: int):
-  """The literal of a sealed assert of the function `key`."""
-  sides = _sides(_points(twins.locate(mod.tree, key).func)[ordinal], True)
-  if sides is None:
-    raise SealError(f'assert {ordinal} of {key} is no sealable comparison')
-  return ast.literal_eval(sides[1])
+def _unbound(mod: twins.Module, func: ast.AST, names: list[tuple[ast.Name, ast.expr]]
+             ) -> list[twins.Edit]:
+  """A local bound to a literal that only sealed asserts read is bound to None instead: the
+  literal leaves the module with them."""
+  edits = []
+  for name in {n.id for n, _ in names}:
+    loads = {id(n) for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
+             and isinstance(n.ctx, ast.Load)}
+    if loads == {id(n) for n, _ in names if n.id == name}:
+      literal = next(lit for n, lit in names if n.id == name)
+      edits.append((*mod.src.span(literal), 'None'))
+  return edits
+
+
+def _commentary(mod: twins.Module, func: ast.AST) -> list[twins.Edit]:
+  """The function's comments and docstring removed: they may quote what a sealed assert
+  expects."""
+  edits = []
+  first = func.body[0]
+  if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+      and isinstance(first.value.value, str)):
+    edits.append((*mod.src.span(first.value), "''"))
+  start = mod.src.span(func)[0]
+  lines = io.StringIO(
+      mod.src.text[mod.src.starts[func.lineno - 1]:mod.src.starts[func.end_lineno]]).readline
+  try:
+    for tok in tokenize.generate_tokens(lines):
+      if tok.type == tokenize.COMMENT:
+        row = func.lineno - 1 + tok.start[0] - 1
+        at = mod.src.starts[row] + tok.start[1]
+        if at >= start:
+          edits.append((at, at + len(tok.string), ''))
+  except (tokenize.TokenError, IndentationError, SyntaxError):
+    pass  # Comments before the error are removed; the module parsed, so there are none after.
+  return edits
 
 
 def verified(records: dict[str, list[list[str]]], sealing: Sealing,

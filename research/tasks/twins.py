@@ -190,7 +190,7 @@ def _leaves(node: ast.AST) -> list[ast.expr]:
   return [leaf for child in ast.iter_child_nodes(node) for leaf in _leaves(child)]
 
 
-def _bound_once(func: ast.AST, name: str) -> ast.expr | None:
+def bound_once(func: ast.AST, name: str) -> ast.expr | None:
   """The literal a local name is bound to, when it is bound exactly once, to a literal."""
   binds = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
            and isinstance(n.ctx, ast.Store)]
@@ -560,7 +560,7 @@ def _value_bracket(src: _Source, func: ast.AST, helper: '_Helper') -> list[Edit]
 
 def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
   """The literal an expected side stands for (itself, or what a local is bound to), if any."""
-  literal = _bound_once(func, side.id) if isinstance(side, ast.Name) else side
+  literal = bound_once(func, side.id) if isinstance(side, ast.Name) else side
   return literal if literal is not None and _leaves(literal) else None
 
 

@@ -278,11 +278,12 @@ def test_accounting_flags_duplicates_uncollected_and_unchecked_tests():
             {'kind': 'check', 'nodeid': 'a', 'problems': ['test code replaced: a']},
             *(test('b', w) for w in ('setup', 'call', 'call', 'teardown')),
             *(test('x', w) for w in ('setup', 'call', 'teardown')),
+            {'kind': 'check', 'nodeid': 'x', 'problems': []},
             {'kind': 'check', 'nodeid': 'x', 'problems': []}]
   outcomes, _, problems = grading._account(events)
   assert outcomes == {'a': 'passed', 'b': 'passed', 'x': 'passed'}
   assert problems == ['b reported twice', 'no integrity check after b', 'test code replaced: a',
-                      'x reported but never collected']
+                      'x checked 2 times', 'x reported but never collected']
 
 
 def _run_one(tmp_path, name, text):

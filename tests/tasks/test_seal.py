@@ -143,6 +143,25 @@ def test_flag():
   assert mod.empty('x') is not None
 
 
+def test_quoted():
+  \"\"\"words('q r') is ['q', 'r'].\"\"\"
+  assert mod.words('q r') == ['q', 'r'], "should be ['q', 'r']"  # ['q', 'r']
+  # expect 5
+  assert mod.count('a b c d e') == 5
+
+
+def test_blank():
+  assert mod.words(' ') == []
+
+
+def test_named():
+  joined = 'a-b'
+  single = 'x'
+  assert '-'.join(mod.words('a b')) == joined
+  assert mod.words(single) == [single]
+  assert mod.words(single) != single
+
+
 @pytest.mark.parametrize('text, n', [('a', 1), ('a b', 2)])
 def test_cases(text, n):
   assert mod.count(text) == n
@@ -171,6 +190,7 @@ def empty(text):
 '''
 _UNIT = 'tests/test_mod.py::TestUnit::test_count'
 _REQUIRED = ['tests/test_mod.py::test_words', 'tests/test_mod.py::test_flag',
+             'tests/test_mod.py::test_named', 'tests/test_mod.py::test_quoted',
              'tests/test_mod.py::test_cases[a-1]', 'tests/test_mod.py::test_cases[a b-2]', _UNIT]
 
 
@@ -194,6 +214,7 @@ def test_candidates_are_the_literal_comparisons(tmp_path):
   root = _tree(tmp_path)
   assert seal.candidates(root, _REQUIRED) == {
       'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
+      'tests/test_mod.py::test_named': [0], 'tests/test_mod.py::test_quoted': [0, 1],
       _UNIT: [1, 2]}
 
 
@@ -205,13 +226,19 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   assert "== ['a', 'b']" not in text and '== 2' not in text and 'is True' not in text
   assert ', 3' not in text and 'words: 3' not in text and ', True)' not in text
   assert 'is not None' in text and '== n' in text  # Not sealable: left as they were.
-  assert len(sealing.expect) == 6
+  # A name bound to a literal that only sealed asserts read loses the literal too.
+  assert "joined = None" in text and "'a-b'" not in text and "single = 'x'" in text
+  # Nor do a sealed test's assert messages, comments or docstring quote it.
+  quoted = _function_text(tree, 'test_quoted')
+  assert "'q', 'r'" not in text and '5\n' not in quoted and 'expect' not in quoted
+  assert len(sealing.expect) == 9
   run = _run(tree, tmp_path / 'run')
   assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
   sealed = seal.verified(run.seals, sealing, _REQUIRED)
   assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_flag@0',
-                    'tests/test_mod.py::test_words@0', 'tests/test_mod.py::test_words@1',
-                    'tests/test_mod.py::test_words@2']
+                    'tests/test_mod.py::test_named@0', 'tests/test_mod.py::test_quoted@0',
+                    'tests/test_mod.py::test_quoted@1', 'tests/test_mod.py::test_words@0',
+                    'tests/test_mod.py::test_words@1', 'tests/test_mod.py::test_words@2']
   assert seal.judge(run.seals, sealing, sealed) == ({}, [])
 
   # Wrong code passes every sealed assert in pytest, and fails each in the harness.
@@ -267,6 +294,20 @@ def _function_text(tree: Path, name: str) -> str:
   text = (tree / 'tests' / 'test_mod.py').read_text()
   func, = [n for n in ast.walk(ast.parse(text)) if getattr(n, 'name', None) == name]
   return ast.get_source_segment(text, func)
+
+
+def test_a_twin_changed_inside_a_sealed_assert_fails_in_the_harness_only(tmp_path):
+  # `[]` holds no constant: the twin changes the input instead (an expression twin).
+  tree = _tree(tmp_path / 'tree')
+  site = twins.Site('tests/test_mod.py::test_blank', 0, 11)
+  planted = twins.plant(tree, [site], random.Random(0))
+  assert [t.kind for t in planted] == ['expression']
+  sealing = seal.plant(tree, {'tests/test_mod.py::test_blank': [0]}, planted, random.Random(0))
+  assert sealing.sealed_twins == {planted[0].nodeid}
+  run = _run(tree, tmp_path / 'run')
+  assert run.outcomes[planted[0].nodeid] == 'passed'
+  assert seal.judge(run.seals, sealing, [])[0] == {
+      planted[0].nodeid: 'sealed assert 0 unequal to its literal'}
 
 
 def test_checked_tests_are_sealed_too(tmp_path):
