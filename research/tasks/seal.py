@@ -333,8 +333,8 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
           text_of = f'({text_of})'
         call = f'{name}({text_of}, {token!r})'
         # Without its message, which may quote the literal.
-        if isinstance(node, ast.Assert):
-          edits.append((mod.src.span(node.test)[0], mod.src.span(node)[1], call))
+        if isinstance(node, ast.Assert):  # From `assert`: the test may open a parenthesis.
+          edits.append((*mod.src.span(node), f'assert {call}'))
         else:
           edits.append((*mod.src.span(node), f'self.assertTrue({call})'))
         if name_read is not None:
@@ -343,7 +343,9 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
             _points(twins.locate(mod.tree, source).func)[ordinal]):
           # The twin's change is in this assert: it fails in the harness, not in pytest.
           sealing.sealed_twins.add(twin.nodeid)
-      edits += _unbound(mod, func, names) + _commentary(mod, func)
+      edits += _unbound(mod, func, names)
+      edits += [c for c in _commentary(mod, func)  # Not those inside an assert replaced whole.
+                if not any(a <= c[0] < b for a, b, _ in edits)]
     stmt = rng.choice([s for s in mod.tree.body if isinstance(
         s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
     at = mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]

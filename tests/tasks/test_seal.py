@@ -154,6 +154,13 @@ def test_blank():
   assert mod.words(' ') == []
 
 
+def test_wrapped():
+  assert (
+      mod.count('a') ==  # one word: 1
+      1
+  )
+
+
 def test_named():
   joined = 'a-b'
   single = 'x'
@@ -191,6 +198,7 @@ def empty(text):
 _UNIT = 'tests/test_mod.py::TestUnit::test_count'
 _REQUIRED = ['tests/test_mod.py::test_words', 'tests/test_mod.py::test_flag',
              'tests/test_mod.py::test_named', 'tests/test_mod.py::test_quoted',
+             'tests/test_mod.py::test_wrapped',
              'tests/test_mod.py::test_cases[a-1]', 'tests/test_mod.py::test_cases[a b-2]', _UNIT]
 
 
@@ -215,7 +223,7 @@ def test_candidates_are_the_literal_comparisons(tmp_path):
   assert seal.candidates(root, _REQUIRED) == {
       'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
       'tests/test_mod.py::test_named': [0], 'tests/test_mod.py::test_quoted': [0, 1],
-      _UNIT: [1, 2]}
+      'tests/test_mod.py::test_wrapped': [0], _UNIT: [1, 2]}
 
 
 def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path):
@@ -231,14 +239,16 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   # Nor do a sealed test's assert messages, comments or docstring quote it.
   quoted = _function_text(tree, 'test_quoted')
   assert "'q', 'r'" not in text and '5\n' not in quoted and 'expect' not in quoted
-  assert len(sealing.expect) == 9
+  assert 'word: 1' not in text  # An assert in parentheses over lines, a comment inside.
+  assert len(sealing.expect) == 10
   run = _run(tree, tmp_path / 'run')
   assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
   sealed = seal.verified(run.seals, sealing, _REQUIRED)
   assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_flag@0',
                     'tests/test_mod.py::test_named@0', 'tests/test_mod.py::test_quoted@0',
                     'tests/test_mod.py::test_quoted@1', 'tests/test_mod.py::test_words@0',
-                    'tests/test_mod.py::test_words@1', 'tests/test_mod.py::test_words@2']
+                    'tests/test_mod.py::test_words@1', 'tests/test_mod.py::test_words@2',
+                    'tests/test_mod.py::test_wrapped@0']
   assert seal.judge(run.seals, sealing, sealed) == ({}, [])
 
   # Wrong code passes every sealed assert in pytest, and fails each in the harness.
