@@ -486,7 +486,7 @@ def _verify_twins(tree: Path, base: Path, cand: Candidate, outcome: _Outcome,
   run = prepared.env.run(tree, cand.test_files, outcome.limits)
   broken = [t for t in order if run.outcomes.get(t) != grading.PASSED]
   if broken:
-    raise Rejected('no_twin', f'planting twins changed the outcome of {broken[0]}: '
+    raise Rejected('no_twin', f'planting twins and seals changed the outcome of {broken[0]}: '
                    f'{run.outcomes.get(broken[0], "missing")}')
   proofs = [t for t in planted if t.kind == twins.PROOF]
   planted = [t for t in planted if t.kind != twins.PROOF]

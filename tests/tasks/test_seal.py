@@ -154,6 +154,15 @@ def test_blank():
   assert mod.words(' ') == []
 
 
+def test_guarded():
+  with pytest.raises(AssertionError):
+    assert mod.count('a') == 2
+  try:
+    assert mod.count('a b') == 2
+  except AssertionError:
+    raise
+
+
 def test_wrapped():
   assert (
       mod.count('a') ==  # one word: 1
@@ -198,7 +207,7 @@ def empty(text):
 _UNIT = 'tests/test_mod.py::TestUnit::test_count'
 _REQUIRED = ['tests/test_mod.py::test_words', 'tests/test_mod.py::test_flag',
              'tests/test_mod.py::test_named', 'tests/test_mod.py::test_quoted',
-             'tests/test_mod.py::test_wrapped',
+             'tests/test_mod.py::test_wrapped', 'tests/test_mod.py::test_guarded',
              'tests/test_mod.py::test_cases[a-1]', 'tests/test_mod.py::test_cases[a b-2]', _UNIT]
 
 
@@ -219,6 +228,7 @@ def _run(tree: Path, scratch: Path) -> grading.TestRun:
 
 
 def test_candidates_are_the_literal_comparisons(tmp_path):
+  # Not in `with` blocks or `try` bodies (test_guarded): there the exception may be the point.
   root = _tree(tmp_path)
   assert seal.candidates(root, _REQUIRED) == {
       'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
@@ -231,7 +241,9 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   functions = seal.candidates(tree, _REQUIRED)
   sealing = seal.plant(tree, functions, [], random.Random(0))
   text = (tree / 'tests' / 'test_mod.py').read_text()
-  assert "== ['a', 'b']" not in text and '== 2' not in text and 'is True' not in text
+  assert "== ['a', 'b']" not in text and 'is True' not in text
+  assert '== 2' not in _function_text(tree, 'test_words')
+  assert '== 2' in _function_text(tree, 'test_guarded')  # Not sealed: it may want a failure.
   assert ', 3' not in text and 'words: 3' not in text and ', True)' not in text
   assert 'is not None' in text and '== n' in text  # Not sealable: left as they were.
   # A name bound to a literal that only sealed asserts read loses the literal too.
@@ -285,7 +297,9 @@ def test_twin_copies_are_sealed_with_their_own_literal(tmp_path):
   assert [t.kind for t in planted] == ['literal']
   sealing = seal.plant(tree, {'tests/test_mod.py::test_words': [0, 1, 2]}, planted,
                        random.Random(0))
-  text = (tree / 'tests' / 'test_mod.py').read_text()
+  text = _function_text(tree, 'test_words') + _function_text(
+      tree, twins.locate(ast.parse((tree / 'tests' / 'test_mod.py').read_text()),
+                         planted[0].nodeid).func.name)
   assert '== 2' not in text and "== ['a', 'b']" not in text
   assert sealing.sealed_twins == {planted[0].nodeid}
   by_function = collections.defaultdict(dict)
