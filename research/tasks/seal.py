@@ -68,7 +68,8 @@ def record(value, token):
   the budget, encodes as OPAQUE.
   """
   from builtins import (Exception, OverflowError, bool, bytearray, bytes, complex, dict, float,
-                        frozenset, int, issubclass, len, list, set, str, tuple, type)
+                        frozenset, int, issubclass, len, list, next, set, sorted, str, tuple,
+                        type)
   import json
   kinds = ((bool, 'b'), (int, 'i'), (float, 'f'), (complex, 'c'), (str, 's'), (bytes, 'y'),
            (bytearray, 'Y'), (list, 'l'), (tuple, 't'), (set, 'e'), (frozenset, 'z'),
@@ -105,8 +106,12 @@ def record(value, token):
       spend(len(text))
       return [tag, text]
     if kind is dict:
-      return [tag, [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in dict.items(v)]]
-    return [tag, [encode(x, depth + 1) for x in kind.__iter__(v)]]
+      items = [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in dict.items(v)]
+    else:
+      items = [encode(x, depth + 1) for x in kind.__iter__(v)]
+    if kind in (dict, set, frozenset):  # In one order: equal values, equal records.
+      items = sorted(items, key=json.dumps)
+    return [tag, items]
 
   try:
     text = json.dumps(encode(value, 0))
@@ -328,6 +333,7 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
       func = twins.locate(mod.tree, key).func
       points = _points(func)
       names = []  # The names sealed asserts read their literal through.
+      replaced = []  # (sealed assert, its computed side, which the seal keeps).
       for ordinal in functions[source]:
         if ordinal >= len(points):
           raise SealError(f'{key} has no assert {ordinal}')
@@ -340,10 +346,8 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
         token = secrets.token_hex(6)
         value = ast.literal_eval(literal)
         sealing.expect[token] = Expectation(key, ordinal, value, identity)
-        text_of = mod.src.segment(computed)
-        if isinstance(computed, twins.NOT_ARGUMENT):
-          text_of = f'({text_of})'
-        call = f'{name}({text_of}, {token!r})'
+        # Unparsed: a comment inside the side may quote the literal.
+        call = f'{name}({ast.unparse(computed)}, {token!r})'
         # Without its message, which may quote the literal.
         if isinstance(node, ast.Assert):  # From `assert`: the test may open a parenthesis.
           edits.append((*mod.src.span(node), f'assert {call}'))
@@ -351,13 +355,14 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
           edits.append((*mod.src.span(node), f'self.assertTrue({call})'))
         if name_read is not None:
           names.append((name_read, literal))
+        replaced.append((node, computed))
         if twin is not None and twin.kind != 'value' and ast.dump(node) != ast.dump(
             _points(twins.locate(mod.tree, source).func)[ordinal]):
           # The twin's change is in this assert: it fails in the harness, not in pytest.
           sealing.sealed_twins.add(twin.nodeid)
-      edits += _unbound(mod, func, names)
-      edits += [c for c in _commentary(mod, func)  # Not those inside an assert replaced whole.
-                if not any(a <= c[0] < b for a, b, _ in edits)]
+      edits += _unbound(mod, func, names, replaced)
+    edits += [c for c in _commentary(mod)  # Not those inside an assert replaced whole.
+              if not any(a <= c[0] < b for a, b, _ in edits)]
     stmt = rng.choice([s for s in mod.tree.body if isinstance(
         s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
     at = mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
@@ -372,70 +377,77 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
   return sealing
 
 
-def _unbound(mod: twins.Module, func: ast.AST, names: list[tuple[ast.Name, ast.expr]]
-             ) -> list[twins.Edit]:
-  """A local bound to a literal that only sealed asserts read is bound to None instead: the
+def _unbound(mod: twins.Module, func: ast.AST, names: list[tuple[ast.Name, ast.expr]],
+             replaced: list[tuple[ast.AST, ast.expr]]) -> list[twins.Edit]:
+  """A local bound to a literal that nothing reads once the sealed asserts are replaced (their
+  messages and literal sides go; their computed sides stay) is bound to None instead: the
   literal leaves the module with them."""
+  gone = {id(n) for node, _ in replaced for n in ast.walk(node)}
+  kept = {id(n) for _, computed in replaced for n in ast.walk(computed)}
   edits = []
   for name in {n.id for n, _ in names}:
-    loads = {id(n) for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
-             and isinstance(n.ctx, ast.Load)}
-    if loads == {id(n) for n, _ in names if n.id == name}:
+    read = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
+            and isinstance(n.ctx, ast.Load) and (id(n) not in gone or id(n) in kept)]
+    if not read:
       literal = next(lit for n, lit in names if n.id == name)
       edits.append((*mod.src.span(literal), 'None'))
   return edits
 
 
-def _commentary(mod: twins.Module, func: ast.AST) -> list[twins.Edit]:
-  """The function's comments and docstring removed: they may quote what a sealed assert
-  expects."""
+# Comments the module needs: an encoding declaration, a shebang.
+_KEPT_COMMENT = re.compile(r'#!|#.*coding[:=]')
+
+
+def _commentary(mod: twins.Module) -> list[twins.Edit]:
+  """Every comment and docstring of a sealed module removed: any may quote what a sealed
+  assert expects (next to it, above its test, at the end of the file)."""
   edits = []
-  first = func.body[0]
-  if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-      and isinstance(first.value.value, str)):
-    edits.append((*mod.src.span(first.value), "''"))
-  start = mod.src.span(func)[0]
-  lines = io.StringIO(
-      mod.src.text[mod.src.starts[func.lineno - 1]:mod.src.starts[func.end_lineno]]).readline
+  for node in ast.walk(mod.tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      first = node.body[0] if node.body else None
+      if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+          and isinstance(first.value.value, str)):
+        edits.append((*mod.src.span(first.value), "''"))
   try:
-    for tok in tokenize.generate_tokens(lines):
-      if tok.type == tokenize.COMMENT:
-        row = func.lineno - 1 + tok.start[0] - 1
-        at = mod.src.starts[row] + tok.start[1]
-        if at >= start:
-          edits.append((at, at + len(tok.string), ''))
-  except (tokenize.TokenError, IndentationError, SyntaxError):
-    pass  # Comments before the error are removed; the module parsed, so there are none after.
+    for tok in tokenize.generate_tokens(io.StringIO(mod.src.text).readline):
+      if tok.type == tokenize.COMMENT and not (
+          tok.start[0] <= 2 and _KEPT_COMMENT.match(tok.string)):
+        at = mod.src.starts[tok.start[0] - 1] + tok.start[1]
+        edits.append((at, at + len(tok.string), ''))
+  except (tokenize.TokenError, SyntaxError):
+    pass  # The module parsed: tokenize does not fail on it.
   return edits
 
 
 def verified(records: dict[str, list[list[str]]], sealing: Sealing,
              tests: list[str]) -> list[str]:
   """The factory's run of the original: '<node id>@<ordinal>' of each test's sealed asserts
-  that recorded, where no record of that assert, in any test of its function, was unequal."""
-  bad, seen = set(), set()
-  for nodeid in tests:
-    for token, text in _own(records.get(nodeid, []), sealing, nodeid):
-      exp = sealing.expect[token]
-      (seen if exp.met(text) else bad).add((nodeid, exp.function, exp.ordinal))
-  failed = {(f, k) for _, f, k in bad}
-  return sorted(f'{n}@{k}' for n, f, k in seen if (f, k) not in failed)
+  (of its own function) that recorded, where no record of that assert, in any test, was
+  unequal."""
+  failed = {(sealing.expect[t].function, sealing.expect[t].ordinal)
+            for recs in records.values() for t, text in _known(recs, sealing)
+            if not sealing.expect[t].met(text)}
+  seen = {(n, sealing.expect[t].ordinal) for n in tests
+          for t, _ in _known(records.get(n, []), sealing)
+          if sealing.expect[t].function == function_of(n)}
+  return sorted(f'{n}@{k}' for n, k in seen if (function_of(n), k) not in failed)
 
 
-def _own(records: list, sealing: Sealing, nodeid: str) -> list[tuple[str, str]]:
-  """The well-formed records of tokens planted in the test's own function."""
+def _known(records: list, sealing: Sealing) -> list[tuple[str, str]]:
+  """The well-formed records of planted tokens (a test may run another function's sealed
+  asserts: a test method a subclass inherits, a test that calls another)."""
   return [(r[0], r[1]) for r in records if isinstance(r, list) and len(r) == 2
-          and all(isinstance(x, str) for x in r) and r[0] in sealing.expect
-          and sealing.expect[r[0]].function == function_of(nodeid)]
+          and all(isinstance(x, str) for x in r) and r[0] in sealing.expect]
 
 
 def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[str]
           ) -> tuple[dict[str, str], list[str]]:
   """(tests that fail in the harness, with why; tamper flags) from a grading's records.
 
-  A test fails when a record of its own seals is unequal to the literal, or (for the sealed
-  asserts `required` names) when such an assert recorded nothing. A record that is not a pair
-  of strings, or whose token was never planted, is forged: no honest code writes records.
+  A test fails when a record it made, of any sealed assert, is unequal to that assert's literal,
+  or (for the sealed asserts `required` names) when such an assert of its own recorded nothing.
+  A record that is not a pair of strings, or whose token was never planted, is forged: no honest
+  code writes records.
   """
   failed, flags = {}, []
   for nodeid, recs in records.items():
@@ -444,12 +456,12 @@ def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[
         flags.append(f'unreadable seal record in {nodeid}')
       elif r[0] not in sealing.expect:
         flags.append(f'seal record with a token never planted in {nodeid}')
-    for token, text in _own(recs, sealing, nodeid):
+    for token, text in _known(recs, sealing):
       exp = sealing.expect[token]
       if not exp.met(text):
         failed.setdefault(nodeid, f'sealed assert {exp.ordinal} unequal to its literal')
   recorded = {(n, sealing.expect[t].ordinal) for n, recs in records.items()
-              for t, _ in _own(recs, sealing, n)}
+              for t, _ in _known(recs, sealing) if sealing.expect[t].function == function_of(n)}
   for entry in required:
     nodeid, _, ordinal = entry.rpartition('@')
     if (nodeid, int(ordinal)) not in recorded:

@@ -505,7 +505,7 @@ def _expression_sides(test: ast.expr) -> list[ast.expr]:
 
 
 # Sides that are no call argument as written (a bare tuple, generator, yield or walrus).
-NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.NamedExpr)
+_NOT_ARGUMENT = (ast.Tuple, ast.GeneratorExp, ast.Yield, ast.YieldFrom, ast.NamedExpr)
 
 
 def _value_call(src: _Source, left: ast.expr, right: ast.expr, args: str, helper: '_Helper',
@@ -518,7 +518,7 @@ def _value_call(src: _Source, left: ast.expr, right: ast.expr, args: str, helper
     text = src.segment(side)
     if inner is not None and start <= inner[0] and inner[1] <= end:
       text, used = apply(text, [inner], start), True
-    sides.append(f'({text})' if isinstance(side, NOT_ARGUMENT) else text)
+    sides.append(f'({text})' if isinstance(side, _NOT_ARGUMENT) else text)
   return f'{helper()}({sides[0]}, {sides[1]}{args})', used
 
 
@@ -566,14 +566,21 @@ def _resolve(func: ast.AST, side: ast.expr) -> ast.expr | None:
 
 def _unittest_mutation(src: _Source, func: ast.AST, node: ast.Call, vocab: list[str],
                        rng: random.Random) -> tuple[str, Edit]:
-  """`self.assertEqual(a, <literal>)` gets another literal (`self.assertEqual(a, b)` is the value
-  twin's: 'computed'); any other assertion its negation."""
+  """`self.assertEqual(a, <literal>)` gets another literal and `self.assertIs(a, <singleton>)`
+  another singleton (`self.assertEqual(a, b)` is the value twin's: 'computed'); any other
+  assertion its negation."""
   end = src.span(node.func)[1]
   if _unittest_equality(node):
     found = _expected(ast.Compare(node.args[0], [ast.Eq()], [node.args[1]]))
     literal = _resolve(func, found[0]) if found else None
     if literal is not None:
       return 'literal', _change(src, literal, False, vocab, rng)
+  if node.func.attr == 'assertIs' and len(node.args) >= 2:
+    # Another singleton, as for `assert a is None`: a negated one would not catch a value forger
+    # (and a sealed assert cannot be negated: seal.py).
+    found = _expected(ast.Compare(node.args[0], [ast.Is()], [node.args[1]]))
+    if found is not None:
+      return 'literal', _change(src, found[0], True, vocab, rng)
   kind = 'computed' if _unittest_equality(node) else 'negated'
   return kind, (end - len(node.func.attr), end, _UNITTEST_NEGATION[node.func.attr])
 
