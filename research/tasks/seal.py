@@ -14,8 +14,9 @@ whose sealed asserts recorded nothing. The literal is nowhere in the sandbox, so
 guessing between pairs or patching helps: a forger must compute the value.
 
 The literal may also be one a local name is bound to once: a local that only sealed asserts read
-is then bound to None. A sealed assert loses its message, and a sealed test its comments and
-docstring: any of them may quote the literal.
+is then bound to None. A sealed assert loses its message (its computed side is unparsed), and a
+sealed module its comments and the docstrings of the module, the sealed tests and their classes:
+any of them may quote the literal.
 
 Which asserts: the factory seals every `assert a == <literal>` / `assert a is <singleton>` of the
 required tests (pristine tree) in its twin-verification run and keeps, per test, those whose
@@ -328,9 +329,12 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
     name = twins.fresh_name(rng.choice(mod.vocab or ['value']), mod.vocab, mod.taken, rng,
                             prefix='_')
     edits = []
+    documented = [mod.tree]  # Whose docstrings go: the module, each sealed test and its class.
     for key in keys:
       source, twin = copies.get(key, (key, None))
-      func = twins.locate(mod.tree, key).func
+      located = twins.locate(mod.tree, key)
+      func = located.func
+      documented += [func, located.owner]
       points = _points(func)
       names = []  # The names sealed asserts read their literal through.
       replaced = []  # (sealed assert, its computed side, which the seal keeps).
@@ -361,7 +365,7 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
           # The twin's change is in this assert: it fails in the harness, not in pytest.
           sealing.sealed_twins.add(twin.nodeid)
       edits += _unbound(mod, func, names, replaced)
-    edits += [c for c in _commentary(mod)  # Not those inside an assert replaced whole.
+    edits += [c for c in _commentary(mod, documented)  # Not those in an assert replaced whole.
               if not any(a <= c[0] < b for a, b, _ in edits)]
     stmt = rng.choice([s for s in mod.tree.body if isinstance(
         s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
@@ -398,16 +402,17 @@ def _unbound(mod: twins.Module, func: ast.AST, names: list[tuple[ast.Name, ast.e
 _KEPT_COMMENT = re.compile(r'#!|#.*coding[:=]')
 
 
-def _commentary(mod: twins.Module) -> list[twins.Edit]:
-  """Every comment and docstring of a sealed module removed: any may quote what a sealed
-  assert expects (next to it, above its test, at the end of the file)."""
+def _commentary(mod: twins.Module, documented: list[ast.AST]) -> list[twins.Edit]:
+  """Every comment of a sealed module, and the docstrings of `documented` (the module, the sealed
+  tests and their classes), removed: any may quote what a sealed assert expects (next to it,
+  above its test, at the end of the file). Other docstrings stay: tests read those of the
+  functions they define (toolz checks what `excepts` makes of them)."""
   edits = []
-  for node in ast.walk(mod.tree):
-    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-      first = node.body[0] if node.body else None
-      if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-          and isinstance(first.value.value, str)):
-        edits.append((*mod.src.span(first.value), "''"))
+  for node in {id(n): n for n in documented}.values():
+    first = node.body[0] if node.body else None
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)):
+      edits.append((*mod.src.span(first.value), "''"))
   try:
     for tok in tokenize.generate_tokens(io.StringIO(mod.src.text).readline):
       if tok.type == tokenize.COMMENT and not (

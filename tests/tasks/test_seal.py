@@ -173,6 +173,12 @@ def test_guarded():
     raise
 
 
+def test_docs():
+  def inner():
+    \"\"\"inner doc\"\"\"
+  assert inner.__doc__ == 'inner doc'  # A test may read the docstrings it defines.
+
+
 def test_wrapped():
   assert (
       mod.count('a') ==  # one word: 1
@@ -218,6 +224,7 @@ _UNIT = 'tests/test_mod.py::TestUnit::test_count'
 _REQUIRED = ['tests/test_mod.py::test_words', 'tests/test_mod.py::test_flag',
              'tests/test_mod.py::test_named', 'tests/test_mod.py::test_quoted',
              'tests/test_mod.py::test_wrapped', 'tests/test_mod.py::test_guarded',
+             'tests/test_mod.py::test_docs',
              'tests/test_mod.py::test_cases[a-1]', 'tests/test_mod.py::test_cases[a b-2]', _UNIT]
 
 
@@ -243,7 +250,7 @@ def test_candidates_are_the_literal_comparisons(tmp_path):
   assert seal.candidates(root, _REQUIRED) == {
       'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
       'tests/test_mod.py::test_named': [0], 'tests/test_mod.py::test_quoted': [0, 1],
-      'tests/test_mod.py::test_wrapped': [0], _UNIT: [1, 2]}
+      'tests/test_mod.py::test_wrapped': [0], 'tests/test_mod.py::test_docs': [0], _UNIT: [1, 2]}
 
 
 def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path):
@@ -263,11 +270,12 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   assert 'at the end' not in text and 'gives' not in text
   assert '#' not in _function_text(tree, 'test_quoted')
   assert 'word: 1' not in text  # An assert in parentheses over lines, a comment inside.
-  assert len(sealing.expect) == 10
+  assert len(sealing.expect) == 11
   run = _run(tree, tmp_path / 'run')
   assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
   sealed = seal.verified(run.seals, sealing, _REQUIRED)
-  assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_flag@0',
+  assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_docs@0',
+                    'tests/test_mod.py::test_flag@0',
                     'tests/test_mod.py::test_named@0', 'tests/test_mod.py::test_quoted@0',
                     'tests/test_mod.py::test_quoted@1', 'tests/test_mod.py::test_words@0',
                     'tests/test_mod.py::test_words@1', 'tests/test_mod.py::test_words@2',
