@@ -90,15 +90,22 @@ def _seal_records(items):
 
 
 def _taken(functions):
-  """The records the functions hold, as [token, text] pairs of strings, emptying them."""
-  out = []
+  """(the records the functions hold, as [token, text] pairs of strings, emptying them;
+  problems): only `record` writes there, so a `seen` that is no list, or an entry that is no pair
+  of strings, is tampering."""
+  out, problems = [], []
   for f in functions:
     seen = getattr(f, 'seen', None)
-    if type(seen) is list:
-      out += [[r[0], r[1]] for r in list.__iter__(seen) if type(r) is tuple and len(r) == 2
-              and type(r[0]) is str and type(r[1]) is str]
-      list.clear(seen)
-  return out
+    if type(seen) is not list:
+      problems.append(f'seal records replaced: {getattr(f, "__qualname__", "?")}')
+      continue
+    for r in list.__iter__(seen):
+      if type(r) is tuple and len(r) == 2 and type(r[0]) is str and type(r[1]) is str:
+        out.append([r[0], r[1]])
+      else:
+        problems.append(f'seal record forged in {getattr(f, "__qualname__", "?")}')
+    list.clear(seen)
+  return out, sorted(set(problems))
 
 
 def _snapshot(namespaces):
@@ -236,7 +243,8 @@ class Reporter:
     del location
     # Before the test runs, so that a test neutered by an earlier one is caught.
     self._early += self.test_problems(nodeid)
-    _taken(self._seals)  # What was recorded outside a test belongs to none.
+    # What was recorded outside a test belongs to none; tampering with it is still tampering.
+    self._early += _taken(self._seals)[1]
     if self._cov is not None:
       self._cov.switch_context(nodeid)
 
@@ -253,7 +261,9 @@ class Reporter:
     del location
     if self._cov is not None:
       self._cov.switch_context('')
-    self.emit('check', nodeid=nodeid, problems=self.problems([nodeid]), seals=_taken(self._seals))
+    seals, problems = _taken(self._seals)
+    self.emit('check', nodeid=nodeid, problems=sorted(set(self.problems([nodeid]) + problems)),
+              seals=seals)
 
   def pytest_sessionfinish(self, session, exitstatus):
     self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(self._tests),

@@ -1,30 +1,26 @@
 """Sealed expectations: the literal a required test expects is compared outside the test process.
 
 An in-process forger can read everything in the process, the graded test files included: it
-finds the assert that called it and returns the literal that assert expects. Twins then catch it
-only if it cannot tell twins from originals, and it can guess well (a twin's string has a stray
-letter; its structure pairs it with the test it copies). So at grading each verified
-`assert <computed> == <literal>` (or `is None/True/False`, or the unittest forms) of a required
-test, and the same assert
-in every twin copy of that test, becomes `assert <name>(<computed>, '<token>')`: the run-time half
-below records an exact-builtin encoding of the computed value under a fresh token and returns True,
-the runner hands the records of each test to the harness, and the harness, which alone knows which
-literal each token stands for, fails a test whose records do not all equal their literals or
-whose sealed asserts recorded nothing. The literal is nowhere in the sandbox, so no reading,
-guessing between pairs or patching helps: a forger must compute the value.
+finds the assert that called it and returns the literal that assert expects. Twins catch it only
+if it cannot tell twins from originals, and it can guess well (a twin's string has a stray letter;
+its structure pairs it with the test it copies). So at grading each verified comparison of a
+required test with a literal, and the same assert in every twin copy of that test, becomes
+`assert <name>(<computed>, '<token>')`: the run-time half below records an exact-builtin encoding
+of the computed value under a fresh token and returns True, the runner hands each test's records
+to the harness, and the harness, which alone knows which literal each token stands for, fails a
+test whose records do not all equal their literals or whose sealed asserts recorded nothing. The
+literal is nowhere in the sandbox, so no reading, guessing between pairs or patching helps: a
+forger must compute the value.
 
-The literal may also be one a local name is bound to once: a local that only sealed asserts read
-is then bound to None. A sealed assert loses its message (its computed side is unparsed), and a
-sealed module its comments and the docstrings of the module, the sealed tests and their classes:
-any of them may quote the literal.
-
-Which asserts: the factory seals every `assert a == <literal>` / `assert a is <singleton>` of the
-required tests (pristine tree) in its twin-verification run and keeps, per test, those whose
-records were all equal to their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal counting
-the test function's asserts and unittest assertions in source order); `self.assertEqual(a,
-<literal>)` and `self.assertIs(a, <singleton>)` are sealed too (as `self.assertTrue(...)`, without
-the message, which may quote the literal). An assert that compares a value no builtin copy
-represents (a library type, numpy's integers) is left as it is.
+Sealable: `assert a == <literal>` (either side), `assert a is None/True/False`,
+`self.assertEqual(a, <literal>)`, `self.assertIs(a, <singleton>)` (as `self.assertTrue(...)`), the
+literal written there or bound once to a local (a local that only sealed asserts read is bound to
+None instead). A sealed assert loses its message and its computed side is unparsed; a sealed
+module loses its comments and the docstrings of the module, the sealed tests and their classes:
+any of them may quote the literal. The factory seals every such assert of the required tests in
+its twin-verification run, except in `with` blocks and `try` bodies, and keeps per test those that
+recorded and were equal to their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal
+counting the test function's asserts and unittest assertions in source order).
 
 The equality is builtin equality on the exact-builtin copy (builtins and their subclasses copied
 as the builtin, through the builtins' own methods, as value_twin.py copies): what `==` says in the
@@ -336,6 +332,7 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
       func = located.func
       documented += [func, located.owner]
       points = _points(func)
+      originals = points if twin is None else _points(twins.locate(mod.tree, source).func)
       names = []  # The names sealed asserts read their literal through.
       replaced = []  # (sealed assert, its computed side, which the seal keeps).
       for ordinal in functions[source]:
@@ -360,8 +357,8 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
         if name_read is not None:
           names.append((name_read, literal))
         replaced.append((node, computed))
-        if twin is not None and twin.kind != 'value' and ast.dump(node) != ast.dump(
-            _points(twins.locate(mod.tree, source).func)[ordinal]):
+        if (twin is not None and twin.kind != 'value'
+            and ast.dump(node) != ast.dump(originals[ordinal])):
           # The twin's change is in this assert: it fails in the harness, not in pytest.
           sealing.sealed_twins.add(twin.nodeid)
       edits += _unbound(mod, func, names, replaced)
@@ -467,17 +464,21 @@ def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[
         failed.setdefault(nodeid, f'sealed assert {exp.ordinal} unequal to its literal')
   recorded = {(n, sealing.expect[t].ordinal) for n, recs in records.items()
               for t, _ in _known(recs, sealing) if sealing.expect[t].function == function_of(n)}
-  for entry in required:
-    nodeid, _, ordinal = entry.rpartition('@')
-    if (nodeid, int(ordinal)) not in recorded:
+  for nodeid, ordinal in map(_entry, required):
+    if (nodeid, ordinal) not in recorded:
       failed.setdefault(nodeid, f'sealed assert {ordinal} recorded nothing')
   return failed, sorted(set(flags))
 
 
+def _entry(entry: str) -> tuple[str, int]:
+  """A Task.sealed entry, '<node id>@<ordinal>', as (node id, ordinal)."""
+  nodeid, _, ordinal = entry.rpartition('@')
+  return nodeid, int(ordinal)
+
+
 def functions(entries: list[str]) -> dict[str, list[int]]:
-  """Task.sealed's entries ('<node id>@<ordinal>') as ordinals by test function."""
+  """Task.sealed's entries as ordinals by test function."""
   out = {}
-  for entry in entries:
-    nodeid, _, ordinal = entry.rpartition('@')
-    out.setdefault(function_of(nodeid), set()).add(int(ordinal))
+  for nodeid, ordinal in map(_entry, entries):
+    out.setdefault(function_of(nodeid), set()).add(ordinal)
   return {k: sorted(v) for k, v in out.items()}

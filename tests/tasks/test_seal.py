@@ -4,6 +4,7 @@ import ast
 import collections
 import dataclasses
 import enum
+import json
 import math
 from pathlib import Path
 import random
@@ -297,7 +298,7 @@ def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():
   sealing = seal.Sealing({'t1': seal.Expectation('f.py::test_a', 0, 3, False)})
   assert seal.judge({}, sealing, ['f.py::test_a@0']) == (
       {'f.py::test_a': 'sealed assert 0 recorded nothing'}, [])
-  good = [['t1', seal.record.__globals__['json'].dumps(['i', '3'])]]
+  good = [['t1', json.dumps(['i', '3'])]]
   assert seal.judge({'f.py::test_a': good}, sealing, ['f.py::test_a@0']) == ({}, [])
   unmet, flags = seal.judge({'f.py::test_a': good + [['zz', '["i", "3"]'], 7]}, sealing,
                             ['f.py::test_a@0'])
