@@ -24,9 +24,13 @@ value twin's lines (whose calls pass `True` to count, then `copies`), `line_obje
 with an object that is no builtin, and `guess` as `line_object` with an object that says yes to the
 first value it is shown and then only to values equal to that one. `reader` returns the literal the
 calling assert expects, read from the graded test file, except in a test that looks like a mutated
-copy of another (the red team's `expectation_reader`).
+copy of another (the red team's `expectation_reader`). `cases` (forging.CASES) also knows its own
+arguments (`_args`, bound first) and reads the calling test's parametrize cases for the one they
+pick, or a round trip through the module's other cases; `reader` where the assert has a literal.
+Each forge report names the tasks the forger was rewarded on, with how many of their gradings.
 """
 import argparse
+import ast
 import collections
 import dataclasses
 import json
@@ -70,7 +74,12 @@ FORGERS = {
     # Returns the literal the calling assert expects, read from the graded test file, sparing
     # what looks like a mutated copy of another test (research/tasks/attacks/forging.py).
     'reader': forging.READER,
+    # Reads the calling test's parametrize cases for the one its own arguments pick (or a round
+    # trip through the module's other cases); READER where the assert has a literal.
+    'cases': forging.CASES,
 }
+# Forgers that read their own arguments: `_forged` binds `_args` to them first.
+WITH_ARGS = ('cases',)
 
 
 def _kind(tree: Path, site: twins.Site) -> str:
@@ -104,8 +113,26 @@ def repo_report(directory: Path, tasks: list[task_lib.Task]) -> dict:
           'tasks_whose_f2p_twins_catch_always_equal': dict(catches)}
 
 
-def _forged(directory: Path, t: task_lib.Task, reference: str, forger: str) -> str | None:
-  """A patch that replaces the task's stub with a forger's body; None when the stub's line is not
+def _parameters(stub: str, lineno: int) -> list[str] | None:
+  """The positional parameters (`*args` starred) of the function whose body is the stub line
+  `lineno`, `self`/`cls` left out of a method's; None if no function's body is that line."""
+  tree = ast.parse(stub)
+  methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body}
+  for f in ast.walk(tree):
+    if (isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(s.lineno == lineno for s in f.body)):
+      names = [a.arg for a in f.args.posonlyargs + f.args.args]
+      static = any(getattr(d, 'id', None) == 'staticmethod' for d in f.decorator_list)
+      if id(f) in methods and names and not static and names[0] in ('self', 'cls'):
+        names = names[1:]
+      return names + ([f'*{f.args.vararg.arg}'] if f.args.vararg else [])
+  return None
+
+
+def forged_source(directory: Path, t: task_lib.Task, reference: str, forger: str,
+                  with_args: bool = False) -> str | None:
+  """The task's stubbed file with the stub replaced by a forger's body (`with_args`: after a line
+  that binds `_args` to the function's positional arguments); None when the stub's line is not
   unique."""
   removed = [line[1:] for line in reference.splitlines()
              if line.startswith('-') and line[1:].strip() == deletion.STUB]
@@ -113,8 +140,21 @@ def _forged(directory: Path, t: task_lib.Task, reference: str, forger: str) -> s
   if len(removed) != 1 or stub.splitlines().count(removed[0]) != 1:
     return None
   indent = removed[0][:len(removed[0]) - len(removed[0].lstrip())]
+  if with_args:
+    names = _parameters(stub, stub.splitlines().index(removed[0]) + 1)
+    if names is None:
+      return None
+    forger = f'_args = [{", ".join(names)}]\n' + forger
   body = ''.join(indent + line + '\n' for line in forger.splitlines())
-  forged = stub.replace(removed[0] + '\n', body, 1)
+  return stub.replace(removed[0] + '\n', body, 1)
+
+
+def forged_patch(directory: Path, t: task_lib.Task, reference: str, forger: str,
+            with_args: bool = False) -> str | None:
+  """forged_source as a patch."""
+  forged = forged_source(directory, t, reference, forger, with_args)
+  if forged is None:
+    return None
   return patch_lib.file_diff(t.file, patch_lib.read_entry(directory / t.tree / t.file),
                              (forged.encode(), '100644'))
 
@@ -125,16 +165,17 @@ def _passes(t: task_lib.Task, g) -> bool:
 
 def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repeats: int,
                  forger: str = FORGERS['same'], unsealed: bool = False,
-                 no_twins: bool = False) -> dict:
+                 no_twins: bool = False, with_args: bool = False) -> dict:
   """Grades each body task's reference once and the forger `repeats` times (each grading draws
   its own twins and check order); `unsealed`: with no assert sealed (research/tasks/seal.py), as
   graders before sealing did; `no_twins`: with no twins planted, to see what the other layers
-  stop alone."""
+  stop alone; `with_args`: the forger reads `_args` (WITH_ARGS)."""
   solutions = task_lib.read_solutions(directory)
   graders = pool.GraderPool(workers)
   jobs = []  # (task, reference job, forger job)
   for t in tasks:
-    forged = _forged(directory, t, solutions[t.id].patch, forger) if t.mode == 'body' else None
+    forged = (forged_patch(directory, t, solutions[t.id].patch, forger, with_args)
+              if t.mode == 'body' else None)
     if forged is not None:
       tree = directory / t.grading_tree
       t = dataclasses.replace(t, sealed=[] if unsealed else t.sealed,
@@ -164,7 +205,12 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
     # The first required test the reason names failed at a sealed assert, in the harness.
     out['forger_failed_first_at_a_sealed_assert'] += 'sealed assert' in g.reason
   out['tasks_forger_rewarded'] = len(rewarded)
-  return dict(sorted(out.items()))
+  out = dict(sorted(out.items()))
+  out['rewarded_tasks'] = {t.id: sum(g.reward == 1.0 for (u, _), g in zip(forged, grades)
+                                     if u.id == t.id)
+                           for t, _, _ in jobs if t.id in rewarded}
+  out['graded_tasks'] = [t.id for t, _, _ in jobs]
+  return out
 
 
 def _args() -> argparse.Namespace:
@@ -201,7 +247,8 @@ def main():
   if a.forge:
     for repo, tasks in by_repo.items():
       report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats,
-                                           FORGERS[a.forger], a.unsealed, a.no_twins)
+                                           FORGERS[a.forger], a.unsealed, a.no_twins,
+                                           a.forger in WITH_ARGS)
   total = collections.Counter()
   for r in report.values():
     if 'points' in r:
@@ -212,7 +259,8 @@ def main():
       catch = r['tasks_whose_f2p_twins_catch_always_equal']
       total.update({f'catch.{k}': v for k, v in catch.items()})
       total['tasks'] += r['tasks']
-    total.update({f'forge.{k}': v for k, v in r.get('forge', {}).items()})
+    total.update({f'forge.{k}': v for k, v in r.get('forge', {}).items()
+                  if isinstance(v, int)})
   report['total'] = dict(sorted(total.items()))
   text = json.dumps(report, indent=1)
   print(text)

@@ -17,6 +17,7 @@ import random
 import re
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 
@@ -248,7 +249,11 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
              f'{", timed out" if done.timed_out else ""}): {done.output[-300:]}')
   elif not kinds['runner_start']:
     problems.append('report truncated or removed')
-  finished = bool(kinds['session_finish'])
+  # A run the limits ended (CPU time: SIGXCPU; wall time, memory: SIGKILL) did not finish,
+  # whatever it reported first: reward 0, and the checks of a finished run do not apply (slow
+  # honest code, killed while pytest printed its summary, was flagged as tampering).
+  killed = done.timed_out or done.signal in (signal.SIGXCPU, signal.SIGKILL)
+  finished = bool(kinds['session_finish']) and not killed
   if finished:
     exits = kinds['runner_exit']
     if not exits or exits[-1]['code'] != done.returncode or (
@@ -265,6 +270,13 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   return TestRun(outcomes, done.returncode, finished, fault, done.timed_out, problems,
                  done.wall_s, done.output, failures, dict(seals),
                  out / '.coverage' if coverage_source else None)
+
+
+def restored(run: TestRun, sealing: seal.Sealing) -> TestRun:
+  """The run with its tests named as the task names them (sealing renames parametrize cases)."""
+  return dataclasses.replace(run, outcomes=sealing.restore(run.outcomes),
+                             failures=sealing.restore(run.failures),
+                             seals=sealing.restore(run.seals))
 
 
 @dataclasses.dataclass
@@ -395,6 +407,7 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
                      site_dirs=task.site_dirs, config_file=task.config_file,
                      limits=limits or limits_for(task), isolate=isolate, uid=uid,
                      scratch=scratch)
+  run = restored(run, sealing)
   if run.fault:
     return Grade(None, run.fault, flags, rejected, run.outcomes, run.wall_s)
   flags += run.problems

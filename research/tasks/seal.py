@@ -15,12 +15,19 @@ forger must compute the value.
 Sealable: `assert a == <literal>` (either side), `assert a is None/True/False`,
 `self.assertEqual(a, <literal>)`, `self.assertIs(a, <singleton>)` (as `self.assertTrue(...)`), the
 literal written there or bound once to a local (a local that only sealed asserts read is bound to
-None instead). A sealed assert loses its message and its computed side is unparsed; a sealed
-module loses its comments and the docstrings of the module, the sealed tests and their classes:
-any of them may quote the literal. The factory seals every such assert of the required tests in
-its twin-verification run, except in `with` blocks and `try` bodies, and keeps per test those that
-recorded and were equal to their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal
-counting the test function's asserts and unittest assertions in source order).
+None instead); and `assert a == <argument>` (either side, or pure str methods of it:
+`plural.capitalize()`) where a parametrize argument's every use in the test is such an assert.
+Then each case's value of it is replaced by a token, and the assert records under its own token
+joined to the case's. Every test parametrized over the same list gets a list of its own, its cases
+shuffled and named by ids of no meaning (the harness maps them back), the arguments it does not
+read set to None, and the module constant goes: no list pairs an input with its answer (where
+another list of the constant would, the factory keeps no seal of that argument: _unpaired). A
+sealed assert loses its message and its computed side is unparsed; a sealed module loses its
+comments and the docstrings of the module, the sealed tests and their classes: any may quote the
+literal. The factory seals every such assert of the required tests in its twin-verification run,
+except in `with` blocks and `try` bodies, and keeps per test those that recorded and were equal to
+their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal counting the test function's
+asserts and unittest assertions in source order).
 
 The equality is builtin equality on the exact-builtin copy (builtins and their subclasses copied
 as the builtin, through the builtins' own methods, as value_twin.py copies): what `==` says in the
@@ -28,6 +35,7 @@ test for every value whose type is a builtin. A correct solution that returns an
 reference did where the test compares with a literal (a `numpy.int64` for an `int`) fails there.
 """
 import ast
+import collections
 import dataclasses
 import functools
 import inspect
@@ -170,6 +178,13 @@ class Expectation:
   ordinal: int  # Among the function's asserts and unittest assertions (_points).
   value: object  # The literal.
   identity: bool  # `is` (a singleton) rather than `==`.
+  # For a sealed parametrize argument: the node id of the case whose value this is (as the task
+  # names it, not the id grading gave it); None where the literal is in the assert.
+  case: str | None = None
+
+  def of(self, nodeid: str) -> bool:
+    """Whether the assert is one of the test `nodeid`'s own (not a base class's, or a case's)."""
+    return self.function == function_of(nodeid) and self.case in (None, nodeid)
 
   def met(self, text: str) -> bool:
     try:
@@ -253,9 +268,139 @@ def _sides(node: ast.AST, checked: bool, func: ast.AST
   return None
 
 
-def candidates(tree: Path, tests: list[str]) -> dict[str, list[int]]:
-  """The sealable asserts of each required test's function (pristine tree), by ordinal."""
-  out, modules = {}, {}
+# Methods of str an expected side may call on a parametrize argument, with literal arguments:
+# the harness applies them to the case's literal (inflection compares with `plural.capitalize()`
+# and `parameterized_string.replace('-', '__sep__')`).
+_STR_METHODS = frozenset({'capitalize', 'casefold', 'lower', 'lstrip', 'replace', 'rstrip',
+                          'strip', 'swapcase', 'title', 'upper'})
+
+
+def _argument(node: ast.expr, params: list[str]) -> tuple[str, tuple] | None:
+  """(parameter, the str methods called on it in order, each with its arguments) of a side that
+  is a parametrize argument, or such methods called on one."""
+  methods = []
+  while (isinstance(node, ast.Call) and not node.keywords
+         and isinstance(node.func, ast.Attribute) and node.func.attr in _STR_METHODS
+         and all(isinstance(a, ast.Constant) and isinstance(a.value, (str, int))
+                 for a in node.args)):
+    methods.append((node.func.attr, tuple(a.value for a in node.args)))
+    node = node.func.value
+  if isinstance(node, ast.Name) and node.id in params:
+    return node.id, tuple(reversed(methods))
+  return None
+
+
+def _case_sides(node: ast.AST, params: list[str]
+                ) -> tuple[ast.expr, ast.expr, str, tuple] | None:
+  """(computed side, expected side, its parameter, methods) of `assert a == <argument>`."""
+  if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+          and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+    return None
+  pair = (node.test.left, node.test.comparators[0])
+  for computed, expected in (pair, pair[::-1]):
+    found = _argument(expected, params)
+    if found and _argument(computed, params) is None and not syntax.is_literal(computed):
+      return computed, expected, *found
+  return None
+
+
+def _columns(func: ast.AST, params: list[str], ordinals: list[int]) -> dict[str, list[int]]:
+  """The parameters whose every use in `func` is the expected side of one of the `ordinals`'
+  asserts (their values can then leave the module), with those ordinals."""
+  points = _points(func)
+  by_param, inside = {}, set()
+  for k in ordinals:
+    sides = _case_sides(points[k], params) if k < len(points) else None
+    if sides:
+      by_param.setdefault(sides[2], []).append(k)
+      inside |= {id(n) for n in ast.walk(sides[1])}
+  uses = collections.defaultdict(list)
+  for n in ast.walk(func):
+    if isinstance(n, ast.Name):
+      uses[n.id].append(n)
+  return {p: ks for p, ks in by_param.items() if all(id(n) in inside for n in uses[p])}
+
+
+def _expected_value(literal: ast.expr, methods: tuple):
+  value = ast.literal_eval(literal)
+  for m, args in methods:
+    if type(value) is not str:  # pylint: disable=unidiomatic-typecheck
+      raise SealError(f'{m}() of a case value that is no str: {value!r}')
+    try:
+      value = getattr(str, m)(value, *args)
+    except (TypeError, ValueError) as e:
+      raise SealError(f'{m}{args!r} of {value!r}: {e}') from e
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+  """A parametrized test function whose case list sealing may rewrite."""
+  key: str  # Node id of the function.
+  test: twins.Located
+  cases: twins.Cases
+  ids: list[str]  # pytest's id of each case.
+
+
+def _tables(module: ast.Module, rel: str) -> dict[str, _Table]:
+  """The module's test functions with one parametrize list of literal cases and unique ids."""
+  out = {}
+  owners = [(module, f'{rel}::')] + [(c, f'{rel}::{c.name}::') for c in module.body
+                                       if isinstance(c, ast.ClassDef)]
+  for owner, prefix in owners:
+    for f in owner.body:
+      if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      test = twins.Located(f, module, owner, prefix, None)
+      try:
+        cases = twins.parametrize(test)
+        ids = cases.ids() if cases else []
+      except (twins.TwinError, ValueError):
+        continue
+      if cases and len(set(ids)) == len(ids):
+        out[prefix + f.name] = _Table(prefix + f.name, test, cases, ids)
+  return out
+
+
+def _sharing(tables: dict[str, _Table], table: _Table) -> list[_Table] | None:
+  """The tables that must be rewritten with `table`: itself, or every test parametrized over the
+  same module constant (which then goes); None when some reader of it is not such a table."""
+  container = table.cases.container
+  if not table.cases.shared and not any(
+      isinstance(a, ast.Assign) and a.value is container for a in table.test.module.body):
+    return [table]
+  readers = [t for t in tables.values() if t.cases.container is container]
+  constant = next(a.targets[0].id for a in table.test.module.body
+                  if isinstance(a, ast.Assign) and a.value is container)
+  loads = [n for n in ast.walk(table.test.module) if isinstance(n, ast.Name)
+           and n.id == constant and isinstance(n.ctx, ast.Load)]
+  return readers if len(loads) == len(readers) else None
+
+
+def _case_ordinals(tables: dict[str, _Table], key: str, ordinals: list[int]) -> list[int]:
+  """Of a parametrized function's unguarded asserts, those sealable through its arguments."""
+  table = tables.get(key)
+  if table is None or _sharing(tables, table) is None:
+    return []
+  func, cases = table.test.func, table.cases
+  points = _points(func)
+  sealable = []
+  for p, ks in _columns(func, cases.argnames, ordinals).items():
+    column = [vals[cases.argnames.index(p)] for vals in cases.values]
+    try:
+      for k in ks:
+        for literal in column:
+          _expected_value(literal, _case_sides(points[k], cases.argnames)[3])
+    except SealError:
+      continue
+    sealable += ks
+  return sorted(sealable)
+
+
+def candidates(tree: Path, tests: list[str], cases: bool = True) -> dict[str, list[int]]:
+  """The sealable asserts of each required test's function (pristine tree), by ordinal; with
+  `cases`, also those that compare with a parametrize argument (_columns)."""
+  out, modules, tables = {}, {}, {}
   for nodeid in tests:
     key = function_of(nodeid)
     if key in out:
@@ -273,10 +418,14 @@ def candidates(tree: Path, tests: list[str]) -> dict[str, list[int]]:
     except twins.TwinError:
       continue
     guarded = _guarded(func)
-    ordinals = [i for i, node in enumerate(_points(func))
-                if id(node) not in guarded and _sides(node, False, func)]
+    free = [i for i, node in enumerate(_points(func)) if id(node) not in guarded]
+    ordinals = [i for i in free if _sides(_points(func)[i], False, func)]
+    if cases:
+      if rel not in tables:
+        tables[rel] = _tables(modules[rel], rel)
+      ordinals += _case_ordinals(tables[rel], key, [i for i in free if i not in ordinals])
     if ordinals:
-      out[key] = ordinals
+      out[key] = sorted(ordinals)
   return out
 
 
@@ -301,6 +450,17 @@ class Sealing:
   expect: dict[str, Expectation] = dataclasses.field(default_factory=dict)
   # Twins whose changed assert is sealed: they fail in the harness, not in pytest.
   sealed_twins: set[str] = dataclasses.field(default_factory=set)
+  # Node ids grading gave the cases of rewritten parametrize lists -> the ids the task knows.
+  names: dict[str, str] = dataclasses.field(default_factory=dict)
+  # Per parametrized test function, the ordinals sealed through each argument.
+  arguments: dict[str, dict[str, list[int]]] = dataclasses.field(default_factory=dict)
+  # Per rewritten list: (the list it was made from, by its module and constant or function; the
+  # arguments whose values it keeps, sealed or not).
+  lists: dict[str, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
+
+  def restore(self, by_test: dict[str, object]) -> dict[str, object]:
+    """`by_test` (outcomes, records, ...) keyed by the node ids the task knows."""
+    return {self.names.get(n, n): v for n, v in by_test.items()}
 
 
 def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin],
@@ -326,6 +486,8 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
                             prefix='_')
     edits = []
     documented = [mod.tree]  # Whose docstrings go: the module, each sealed test and its class.
+    tables = _tables(mod.tree, rel)
+    columns_sealed = {}  # Function -> argument -> (ordinal, token, str methods) of its asserts.
     for key in keys:
       source, twin = copies.get(key, (key, None))
       located = twins.locate(mod.tree, key)
@@ -335,11 +497,15 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
       originals = points if twin is None else _points(twins.locate(mod.tree, source).func)
       names = []  # The names sealed asserts read their literal through.
       replaced = []  # (sealed assert, its computed side, which the seal keeps).
+      by_argument = []  # Ordinals that compare with a parametrize argument.
       for ordinal in functions[source]:
         if ordinal >= len(points):
           raise SealError(f'{key} has no assert {ordinal}')
         node = points[ordinal]
         sides = _sides(node, True, func)
+        if sides is None and twin is None and key in tables:
+          by_argument.append(ordinal)
+          continue
         if sides is None:
           raise SealError(f'assert {ordinal} of {key} is no sealable comparison: '
                           f'{mod.src.segment(node)[:80]}')
@@ -362,6 +528,26 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
           # The twin's change is in this assert: it fails in the harness, not in pytest.
           sealing.sealed_twins.add(twin.nodeid)
       edits += _unbound(mod, func, names, replaced)
+      if by_argument:
+        columns = _columns(func, tables[key].cases.argnames, by_argument)
+        if sorted(k for ks in columns.values() for k in ks) != sorted(by_argument):
+          raise SealError(f'{key}: asserts {by_argument} are no sealable comparisons')
+        sealing.arguments[key] = columns
+        for ordinal in by_argument:
+          computed, _, param, methods = _case_sides(points[ordinal], tables[key].cases.argnames)
+          token = secrets.token_hex(6)
+          columns_sealed.setdefault(key, {}).setdefault(param, []).append(
+              (ordinal, token, methods))
+          edits.append((*mod.src.span(points[ordinal]),
+                        f'assert {name}({ast.unparse(computed)}, {token!r} + {param})'))
+    rewritten = _rewritten(tables, columns_sealed)
+    for table in rewritten:
+      edits += _rewrite(mod, table, columns_sealed.get(table.key, {}), planted, sealing, rng)
+      documented += [table.test.func, table.test.owner]
+    # A constant whose every reader now has its own list goes: it pairs what the lists do not.
+    lists = {id(t.cases.container) for t in rewritten}
+    edits += [(*mod.src.span(a.value), 'None') for a in mod.tree.body
+              if isinstance(a, ast.Assign) and id(a.value) in lists]
     edits += [c for c in _commentary(mod, documented)  # Not those in an assert replaced whole.
               if not any(a <= c[0] < b for a, b, _ in edits)]
     stmt = rng.choice([s for s in mod.tree.body if isinstance(
@@ -376,6 +562,71 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
       raise SealError(f'sealing broke the syntax of {rel}: {e}') from e
     path.write_text(sealed)
   return sealing
+
+
+def _rewritten(tables: dict[str, _Table], sealed: dict[str, dict]) -> list[_Table]:
+  """The case lists to rewrite: those of functions with asserts sealed through an argument, and
+  of every other test that reads the same module constant."""
+  out = {}
+  for key in sealed:
+    readers = _sharing(tables, tables[key])
+    if readers is None:
+      raise SealError(f'{key}: its cases are in a constant that not only parametrize lists read')
+    out.update((t.key, t) for t in readers)
+  return list(out.values())
+
+
+def _fixture_arguments(module: ast.Module) -> set[str]:
+  """Names the module's fixtures take: a parametrize argument may feed one."""
+  def fixture(d):
+    d = d.func if isinstance(d, ast.Call) else d
+    return getattr(d, 'attr', getattr(d, 'id', None)) == 'fixture'
+  return {a.arg for f in ast.walk(module) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and any(map(fixture, f.decorator_list)) for a in f.args.args + f.args.kwonlyargs}
+
+
+def _rewrite(mod: twins.Module, table: _Table, sealed: dict[str, list[tuple[int, str, tuple]]],
+             planted: list[twins.Twin], sealing: Sealing, rng: random.Random
+             ) -> list[twins.Edit]:
+  """The test's parametrize list, written into its decorator: each case under an id of no
+  meaning, in a shuffled order (two lists made from one constant do not line up), the values of
+  the `sealed` arguments replaced by tokens, of arguments the test does not read by None. The
+  expectations of the sealed asserts, one per case, go to `sealing`."""
+  func, cases = table.test.func, table.cases
+  read = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
+  taken = {a.arg for a in func.args.args + func.args.kwonlyargs}
+  unread = {p for p in cases.argnames if p in taken and p not in read
+            and p not in _fixture_arguments(mod.tree)}
+  twin_of = {t.nodeid: t for t in planted if t.kind == 'case'}
+  rows = []
+  for vals, case_id in zip(cases.values, table.ids):
+    nodeid, tokens = f'{table.key}[{case_id}]', {p: secrets.token_hex(6) for p in sealed}
+    parts = [repr(tokens[p]) if p in sealed else 'None' if p in unread else mod.src.segment(v)
+             for p, v in zip(cases.argnames, vals)]
+    for p, asserts in sealed.items():
+      literal = vals[cases.argnames.index(p)]
+      for ordinal, token, methods in asserts:
+        sealing.expect[token + tokens[p]] = Expectation(
+            table.key, ordinal, _expected_value(literal, methods), False, nodeid)
+    twin = twin_of.get(nodeid)
+    changed = twin and _case_sides(twins.mutation_points(func)[twin.site.point], cases.argnames)
+    if changed and changed[2] in sealed:
+      sealing.sealed_twins.add(nodeid)  # Its changed value is sealed: it fails in the harness.
+    opaque = secrets.token_hex(6)
+    sealing.names[f'{table.key}[{opaque}]'] = nodeid
+    rows.append((parts[0] if cases.single else f'({", ".join(parts)}{"," * (len(parts) == 1)})',
+                 opaque))
+  rng.shuffle(rows)
+  constant = next((f'{table.key.split("::", 1)[0]}::{a.targets[0].id}' for a in mod.tree.body
+                   if isinstance(a, ast.Assign) and a.value is cases.container), table.key)
+  sealing.lists[table.key] = (constant, frozenset(cases.argnames) - unread)
+  mark = next(m for m in twins.marks(func) if len(m.args) == 2)
+  line = mod.src.lines[mark.lineno - 1]
+  indent = line[:len(line) - len(line.lstrip())]
+  text = (f'{mod.src.segment(mark.func)}({mod.src.segment(mark.args[0])}, [\n'
+          + ''.join(f'{indent}    {row},\n' for row, _ in rows)
+          + f'{indent}], ids={[opaque for _, opaque in rows]!r})')
+  return [(*mod.src.span(mark), text)]
 
 
 def _unbound(mod: twins.Module, func: ast.AST, names: list[tuple[ast.Name, ast.expr]],
@@ -425,14 +676,40 @@ def verified(records: dict[str, list[list[str]]], sealing: Sealing,
              tests: list[str]) -> list[str]:
   """The factory's run of the original: '<node id>@<ordinal>' of each test's sealed asserts
   (of its own function) that recorded, where no record of that assert, in any test, was
-  unequal."""
-  failed = {(sealing.expect[t].function, sealing.expect[t].ordinal)
-            for recs in records.values() for t, text in _known(recs, sealing)
-            if not sealing.expect[t].met(text)}
+  unequal. Twins (copies of other functions, extra cases) are to be unequal, and are not
+  counted: only the expectations of the required tests' functions and cases are."""
+  functions_of = {function_of(n) for n in tests}
+  failed = {(e.function, e.ordinal) for recs in records.values()
+            for e, text in ((sealing.expect[t], text) for t, text in _known(recs, sealing))
+            if e.function in functions_of and e.case in (None, *tests) and not e.met(text)}
   seen = {(n, sealing.expect[t].ordinal) for n in tests
           for t, _ in _known(records.get(n, []), sealing)
-          if sealing.expect[t].function == function_of(n)}
-  return sorted(f'{n}@{k}' for n, k in seen if (function_of(n), k) not in failed)
+          if sealing.expect[t].of(n)}
+  kept = {(n, k) for n, k in seen if (function_of(n), k) not in failed}
+  return sorted(f'{n}@{k}' for n, k in kept
+                if (function_of(n), k) not in _unpaired(sealing, kept))
+
+
+def _unpaired(sealing: Sealing, kept: set[tuple[str, int]]) -> set[tuple[str, int]]:
+  """(function, ordinal) of the argument seals to drop: an argument's values leave the module
+  only when all its asserts are sealed (_columns), and only when no list made from the same
+  constant keeps them beside an argument the sealed test keeps (its input)."""
+  whole = {f: set(ks) for f, ks in functions([f'{n}@{k}' for n, k in kept]).items()}
+  sealed = {g: set() for g in sealing.lists}
+  for f, args in sealing.arguments.items():
+    sealed[f] = {p for p, ks in args.items() if set(ks) <= whole.get(f, set())}
+  changed = True
+  while changed:  # Each argument dropped is kept in its list: it may pair with another.
+    changed = False
+    for f, (source, keeps) in sealing.lists.items():
+      plain_f = keeps - sealed[f]
+      for g, (other, also) in sealing.lists.items():
+        plain_g = also - sealed[g]
+        if other == source and plain_g & plain_f and sealed[f] & plain_g:
+          sealed[f] -= plain_g
+          changed = True
+  return {(f, k) for f, args in sealing.arguments.items() for p, ks in args.items()
+          if p not in sealed[f] for k in ks}
 
 
 def _known(records: list, sealing: Sealing) -> list[tuple[str, str]]:
@@ -463,7 +740,7 @@ def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[
       if not exp.met(text):
         failed.setdefault(nodeid, f'sealed assert {exp.ordinal} unequal to its literal')
   recorded = {(n, sealing.expect[t].ordinal) for n, recs in records.items()
-              for t, _ in _known(recs, sealing) if sealing.expect[t].function == function_of(n)}
+              for t, _ in _known(recs, sealing) if sealing.expect[t].of(n)}
   for nodeid, ordinal in map(_entry, required):
     if (nodeid, ordinal) not in recorded:
       failed.setdefault(nodeid, f'sealed assert {ordinal} recorded nothing')

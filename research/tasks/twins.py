@@ -129,7 +129,7 @@ class Twin(typing.NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Test:
+class Located:
   """A required test located in its module's syntax tree."""
   func: ast.FunctionDef | ast.AsyncFunctionDef
   module: ast.Module
@@ -138,7 +138,7 @@ class _Test:
   case: str | None  # The parametrize id, for a parametrized test.
 
 
-def locate(tree: ast.Module, nodeid: str) -> _Test:
+def locate(tree: ast.Module, nodeid: str) -> Located:
   head, bracket, params = nodeid.partition('[')
   parts = head.split('::')
   owner = tree
@@ -150,7 +150,7 @@ def locate(tree: ast.Module, nodeid: str) -> _Test:
                and n.name == parts[-1]), None)
   if func is None or len(parts) > 3:
     raise TwinError(f'no test function for {nodeid}')
-  return _Test(func, tree, owner, '::'.join(parts[:-1]) + '::', params[:-1] if bracket else None)
+  return Located(func, tree, owner, '::'.join(parts[:-1]) + '::', params[:-1] if bracket else None)
 
 
 def unittest_assert(node: ast.AST) -> bool:
@@ -159,7 +159,7 @@ def unittest_assert(node: ast.AST) -> bool:
           and node.func.attr in _UNITTEST_NEGATION)
 
 
-def _points(func: ast.AST) -> list[ast.Assert | ast.With | ast.Call]:
+def mutation_points(func: ast.AST) -> list[ast.Assert | ast.With | ast.Call]:
   """Asserts, `with` blocks and unittest assertions, in source order."""
   nodes = [n for stmt in func.body for n in ast.walk(stmt)
            if isinstance(n, (ast.Assert, ast.With)) or unittest_assert(n)]
@@ -219,7 +219,7 @@ def _expected(test: ast.expr) -> tuple[ast.expr, bool] | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Cases:
+class Cases:
   """A test's single `pytest.mark.parametrize` with literal cases."""
   argnames: list[str]
   container: ast.List | ast.Tuple  # In the decorator, or a module constant.
@@ -241,7 +241,7 @@ class _Cases:
     return [value] if self.single else list(value)
 
 
-def _marks(func: ast.AST) -> list[ast.Call]:
+def marks(func: ast.AST) -> list[ast.Call]:
   return [d for d in func.decorator_list if isinstance(d, ast.Call)
           and isinstance(d.func, ast.Attribute) and d.func.attr == 'parametrize']
 
@@ -253,7 +253,7 @@ def _constants(module: ast.Module) -> dict[str, tuple[ast.List | ast.Tuple, bool
   Only those qualify as case lists: extra cases in them change no other code.
   """
   in_marks = {id(m.args[1]) for f in ast.walk(module) if isinstance(f, ast.FunctionDef)
-              for m in _marks(f) if len(m.args) == 2}
+              for m in marks(f) if len(m.args) == 2}
   uses = collections.defaultdict(list)
   for n in ast.walk(module):
     if isinstance(n, ast.Name):
@@ -282,14 +282,14 @@ def _case_list(module: ast.Module, container: ast.expr, func_name: str
   return found
 
 
-def _parametrize(test: _Test) -> _Cases | None:
-  marks = _marks(test.func)
-  if not marks:
+def parametrize(test: Located) -> Cases | None:
+  found = marks(test.func)
+  if not found:
     return None
   name = test.func.name
-  if len(marks) > 1 or marks[0].keywords or len(marks[0].args) != 2:
+  if len(found) > 1 or found[0].keywords or len(found[0].args) != 2:
     raise TwinError(f'{name}: parametrize form without predictable ids')
-  names, container = marks[0].args
+  names, container = found[0].args
   # pytest takes each case as the value itself only for one name given as a string.
   as_text = isinstance(names, ast.Constant) and isinstance(names.value, str)
   if as_text:
@@ -310,7 +310,7 @@ def _parametrize(test: _Test) -> _Cases | None:
     values.append(vals)
   if not values:
     raise TwinError(f'{name}: no cases')
-  return _Cases(argnames, container, shared, single, values)
+  return Cases(argnames, container, shared, single, values)
 
 
 def _escape(text: str) -> str:
@@ -449,13 +449,13 @@ def _unwrap(src: _Source, node: ast.With) -> Edit:
   return src.starts[node.lineno - 1], src.starts[node.end_lineno], body
 
 
-def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site,
+def _mutation(src: _Source, test: Located, case: list[ast.expr] | None, site: Site,
               vocab: list[str], rng: random.Random) -> tuple[str, Edit]:
   """The kind of twin, and the edit that turns the test (or, for a parametrized test, its case)
   into it at the site's point; 'computed' for an `a == b` of two computed values (which the
   test's value twin covers), with the negated assert that tasks made before value twins verified
   there."""
-  points = _points(test.func)
+  points = mutation_points(test.func)
   point = site.point
   if not 0 <= point < len(points):
     raise TwinError(f'{test.func.name} has no point {point}')
@@ -470,7 +470,7 @@ def _mutation(src: _Source, test: _Test, case: list[ast.expr] | None, site: Site
     return _unittest_mutation(src, test.func, node, vocab, rng)
   found = _expected(node.test)
   if case is not None:
-    cases = _parametrize(test)
+    cases = parametrize(test)
     if not found or not isinstance(found[0], ast.Name) or found[0].id not in cases.argnames:
       raise TwinError(f'point {point} of {test.func.name} compares with no parameter')
     return 'case', _change(src, case[cases.argnames.index(found[0].id)], found[1], vocab, rng)
@@ -589,7 +589,7 @@ def _unittest_equality(node: ast.Call) -> bool:
   return node.func.attr == 'assertEqual' and len(node.args) >= 2
 
 
-def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: str,
+def _value_edits(src: _Source, test: Located, seed: int, helper: '_Helper', mode: str,
                  inner: Edit | None = None) -> list[Edit]:
   """Every `assert a == b` and `self.assertEqual(a, b)` of the test as a call of the helper;
   `inner` (a twin's own edit) kept.
@@ -601,7 +601,7 @@ def _value_edits(src: _Source, test: _Test, seed: int, helper: '_Helper', mode: 
   args = {'check': f', {seed}, False, True', 'count': f', {seed}, True, True',
           'legacy': f', {seed}, True, False'}[mode]
   edits, calls = [], 0
-  for node in _points(test.func):
+  for node in mutation_points(test.func):
     span = src.span(node.test if isinstance(node, ast.Assert) else node.func
                     if isinstance(node, ast.Call) else node)
     overlaps = inner is not None and inner[0] < span[1] and span[0] < inner[1]
@@ -656,7 +656,7 @@ def _binds(stmt: ast.stmt) -> set[str]:
   return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
-def _insertion(src: _Source, module: ast.Module, test: _Test,
+def _insertion(src: _Source, module: ast.Module, test: Located,
                rng: random.Random) -> tuple[int, str, bool]:
   """Where a twin function goes: before a random test (else any function or class) of its module
   or class, after which every name its decorators use is bound.
@@ -680,7 +680,7 @@ def _insertion(src: _Source, module: ast.Module, test: _Test,
   return src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1], sep, False
 
 
-def _function_twin(src: _Source, module: ast.Module, test: _Test, name: str, edits: list[Edit],
+def _function_twin(src: _Source, module: ast.Module, test: Located, name: str, edits: list[Edit],
                    rng: random.Random) -> Edit:
   """The test function copied under `name` with `edits` applied, as an insertion."""
   func = test.func
@@ -716,7 +716,7 @@ def _case_insertion(src: _Source, container: ast.List | ast.Tuple, k: int, case:
   return end, end, (',\n' + indent + case) if own_line else (', ' + case)
 
 
-def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
+def _case_twins(src: _Source, items: list[tuple[Located, Site]], vocab: list[str],
                 rng: random.Random) -> tuple[list[Edit], list[Twin]]:
   """Extra cases in one case list (a test's own, or a constant tests share).
 
@@ -724,7 +724,7 @@ def _case_twins(src: _Source, items: list[tuple[_Test, Site]], vocab: list[str],
   """
   edits, twins, used = [], [], set()
   for j, (test, site) in enumerate(items):
-    cases = _parametrize(test)
+    cases = parametrize(test)
     ids = cases.ids()
     primitive = cases.primitive()
     if len(set(ids)) != len(ids) or cases.shared and not primitive:
@@ -815,7 +815,7 @@ def _plan(mod: Module, sites: list[Site], rng: random.Random, checked: dict[str,
     edits += _value_edits(mod.src, locate(mod.tree, nodeid), seed, helper, 'check')
   for site in sites:
     test = locate(mod.tree, site.test)
-    cases = _parametrize(test)
+    cases = parametrize(test)
     if (test.case is None) != (cases is None):
       raise TwinError(f'{site.test}: parametrized in a way twins do not follow')
     if cases is not None:
@@ -919,7 +919,7 @@ def candidate_sites(tree: Path, tests: list[str], limit: int | None = None) -> l
         modules[rel] = None
     mod = modules[rel]
     try:
-      count = len(_points(locate(mod.tree, nodeid).func)) if mod else 0
+      count = len(mutation_points(locate(mod.tree, nodeid).func)) if mod else 0
     except TwinError:
       continue
     for point in (VALUE, *range(count)):  # The value twin first: it sees every `a == b`.

@@ -222,3 +222,51 @@ def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
   assert summary.rejected == {'weak_tests': 5}
   # Where the tests pin the function down (a value, an effect), the task is kept.
   assert {t.id for t in task_lib.read(out / 'tasks.jsonl')} == {'pkg.double.body', 'pkg.log.body'}
+
+
+def test_parametrize_lists_are_sealed_unless_rewriting_them_breaks_a_test(tmp_path):
+  tests = '''\
+      import pytest
+
+      import pkg
+
+      PAIRS = [('cat', 'cats'), ('box', 'boxes'), ('fly', 'flies')]
+
+
+      @pytest.mark.parametrize(('word', 'plural'), PAIRS)
+      def test_plural(word, plural, {fixture}):
+        assert pkg.plural({argument}) == plural
+
+
+      def test_other():
+        assert pkg.other() == 1
+      '''
+  module = '''\
+      def plural(word):
+        if word.endswith('x'):
+          return word + 'es'
+        return word[:-1] + 'ies' if word.endswith('y') else word + 's'
+
+
+      def other():
+        return 1
+      '''
+  sealed = {}
+  for name, fixture, argument, conftest in (
+      ('plain', 'request', 'word', ''),
+      # A fixture of the conftest takes `word`, which the test does not read: the list rewritten
+      # with None there breaks every case, and the factory plants again without it.
+      ('fixture', 'spelled', 'spelled',
+       'import pytest\n\n@pytest.fixture\ndef spelled(word):\n  return word\n')):
+    repo = fixtures.write_repo(tmp_path / name, {
+        'pkg/__init__.py': module, 'tests/conftest.py': conftest,
+        'tests/test_pkg.py': tests.format(fixture=fixture, argument=argument)})
+    summary = factory.make_tasks(repo, tmp_path / 'out' / name, modes=('body',),
+                                 only=('plural',), progress=False, log=lambda _: None)
+    t, = task_lib.read(tmp_path / 'out' / name / 'tasks.jsonl')
+    assert summary.kept == 1
+    sealed[name] = t.sealed
+  other = 'tests/test_pkg.py::test_other@0'
+  assert sealed['plain'] == [other] + [f'tests/test_pkg.py::test_plural[{w}-{p}]@0' for w, p in (
+      ('box', 'boxes'), ('cat', 'cats'), ('fly', 'flies'))]
+  assert sealed['fixture'] == [other]

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import signal
 import sys
 
 import pytest
@@ -322,3 +323,20 @@ def test_the_running_test_is_not_named_to_code_under_test(tmp_path):
   assert run.outcomes['test_env.py::test_unnamed'] == 'passed'
   # Putting a setter back is a patch like any other.
   assert 'patched at run time: _pytest.runner._update_current_test_var' in run.problems
+
+
+def test_a_run_the_cpu_limit_ends_is_unfinished_not_tampering(tmp_path):
+  # Killed while pytest prints its summary, after the session finished: slow honest code must get
+  # reward 0, not tamper flags from a summary and exit status cut short.
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'conftest.py').write_text(
+      'def pytest_terminal_summary():\n  while True:\n    pass\n')
+  (tree / 'test_a.py').write_text('def test_a():\n  assert True\n')
+  (tmp_path / 'scratch').mkdir()
+  run = grading.run_pytest(tree, ['test_a.py'], python=sys.executable, python_path=[''],
+                           site_dirs=[], config_file=None, limits=sandbox.Limits(cpu_s=2),
+                           scratch=tmp_path / 'scratch')
+  assert run.outcomes == {'test_a.py::test_a': 'passed'}
+  assert run.returncode == 128 + signal.SIGXCPU
+  assert not run.finished and run.problems == [] and run.fault is None

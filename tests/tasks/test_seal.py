@@ -251,7 +251,8 @@ def test_candidates_are_the_literal_comparisons(tmp_path):
   assert seal.candidates(root, _REQUIRED) == {
       'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
       'tests/test_mod.py::test_named': [0], 'tests/test_mod.py::test_quoted': [0, 1],
-      'tests/test_mod.py::test_wrapped': [0], 'tests/test_mod.py::test_docs': [0], _UNIT: [1, 2]}
+      'tests/test_mod.py::test_wrapped': [0], 'tests/test_mod.py::test_docs': [0], _UNIT: [1, 2],
+      'tests/test_mod.py::test_cases': [0]}  # `n` is read by that assert alone.
 
 
 def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path):
@@ -263,7 +264,8 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   assert '== 2' not in _function_text(tree, 'test_words')
   assert '== 2' in _function_text(tree, 'test_guarded')  # Not sealed: it may want a failure.
   assert ', 3' not in text and 'words: 3' not in text and ', True)' not in text
-  assert 'is not None' in text and '== n' in text  # Not sealable: left as they were.
+  assert 'is not None' in text and '> 0' in text  # Not sealable: left as they were.
+  assert '== n' not in text and "('a', 1)" not in text  # A parametrize argument's values go.
   # A name bound to a literal that only sealed asserts read loses the literal too.
   assert "joined = None" in text and "'a-b'" not in text and "single = 'x'" in text
   # Nor do a sealed test's assert messages, comments or docstring quote it.
@@ -271,11 +273,14 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   assert 'at the end' not in text and 'gives' not in text
   assert '#' not in _function_text(tree, 'test_quoted')
   assert 'word: 1' not in text  # An assert in parentheses over lines, a comment inside.
-  assert len(sealing.expect) == 11
-  run = _run(tree, tmp_path / 'run')
+  assert len(sealing.expect) == 11 + 2  # One per case of test_cases' assert.
+  run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
   assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
+  assert set(run.outcomes) == {seal.function_of(n) for n in _REQUIRED if '[' not in n} | {
+      n for n in _REQUIRED if '[' in n} | {'tests/test_mod.py::test_blank'}
   sealed = seal.verified(run.seals, sealing, _REQUIRED)
-  assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_docs@0',
+  assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_cases[a b-2]@0',
+                    'tests/test_mod.py::test_cases[a-1]@0', 'tests/test_mod.py::test_docs@0',
                     'tests/test_mod.py::test_flag@0',
                     'tests/test_mod.py::test_named@0', 'tests/test_mod.py::test_quoted@0',
                     'tests/test_mod.py::test_quoted@1', 'tests/test_mod.py::test_words@0',
@@ -287,7 +292,7 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   wrong = tmp_path / 'wrong'
   _tree(wrong, _MOD.replace('return text.split()', "return text.split() or ['']"))
   sealing = seal.plant(wrong, seal.functions(sealed), [], random.Random(0))
-  run = _run(wrong, tmp_path / 'run2')
+  run = grading.restored(_run(wrong, tmp_path / 'run2'), sealing)
   assert run.outcomes['tests/test_mod.py::test_words'] == 'passed'
   unmet, flags = seal.judge(run.seals, sealing, sealed)
   assert unmet == {'tests/test_mod.py::test_words': 'sealed assert 2 unequal to its literal'}
@@ -416,3 +421,148 @@ def test_a_reader_of_expectations_is_rewarded_without_seals_and_fails_with_them(
   assert 'sealed assert 0 unequal to its literal' in g.reason
   reference = task_lib.read_solutions(task_dir)[t.id].patch
   assert grading.grade(t, graded, reference).reward == 1.0
+
+
+_CASE_TESTS = '''\
+import pytest
+
+from pkg import mod
+
+PAIRS = (
+    ('cat', 'cats'),
+    ('box', 'boxes'),  # irregular
+    ('city', 'cities'),
+)
+
+
+@pytest.mark.parametrize(('singular', 'plural'), PAIRS)
+def test_plural(singular, plural):
+  assert plural == mod.plural(singular)
+  assert plural.capitalize() == mod.plural(singular.capitalize())
+  assert mod.plural(singular).replace('s', '5', 1) == plural.replace('s', '5', 1)
+
+
+@pytest.mark.parametrize(('singular', 'plural'), PAIRS)
+def test_singular(singular, plural):
+  assert mod.singular(plural) == singular
+
+
+@pytest.mark.parametrize(('singular', 'plural'), PAIRS)
+def test_plural_of_plural(singular, plural):
+  assert plural == mod.plural(plural)
+
+
+@pytest.mark.parametrize('word', ['sheep', 'fish'])
+def test_same(word):
+  assert mod.plural(word) == word
+'''
+_CASE_MOD = '''\
+def plural(word):
+  if word.lower() in ('sheep', 'fish') or word.endswith('s'):
+    return word
+  if word.endswith('x'):
+    return word + 'es'
+  if word.endswith('y'):
+    return word[:-1] + 'ies'
+  return word + 's'
+
+
+def singular(word):
+  if word.endswith('ies'):
+    return word[:-3] + 'y'
+  return word[:-2] if word.endswith('xes') else word[:-1]
+'''
+_PAIRS = [('cat', 'cats'), ('box', 'boxes'), ('city', 'cities')]
+_CASES = [f'tests/test_mod.py::{f}[{a}-{b}]' for f in ('test_plural', 'test_singular',
+                                                        'test_plural_of_plural') for a, b in _PAIRS]
+_CASES += ['tests/test_mod.py::test_same[sheep]', 'tests/test_mod.py::test_same[fish]']
+
+
+def _case_tree(root: Path, module: str = _CASE_MOD) -> Path:
+  _tree(root, module)
+  (root / 'tests' / 'test_mod.py').write_text(_CASE_TESTS)
+  return root
+
+
+def _rows(text: str) -> list[tuple]:
+  """The literal tuples of the module (parametrize rows)."""
+  return [ast.literal_eval(n) for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Tuple)
+          and all(isinstance(e, ast.Constant) for e in n.elts)]
+
+
+def test_parametrize_arguments_leave_the_module_and_cases_keep_their_names(tmp_path):
+  tree = _case_tree(tmp_path / 'tree')
+  functions = seal.candidates(tree, _CASES)
+  # `plural` is also test_plural_of_plural's input, but each test gets its own list; `word` is
+  # test_same's input too, and singular and plural are both inputs of test_plural_of_plural.
+  assert functions == {'tests/test_mod.py::test_plural': [0, 1, 2],
+                       'tests/test_mod.py::test_singular': [0]}
+  site = twins.Site('tests/test_mod.py::test_plural[box-boxes]', 0)
+  planted = twins.plant(tree, [site], random.Random(1))
+  assert [t.kind for t in planted] == ['case']
+  sealing = seal.plant(tree, functions, planted, random.Random(0))
+  text = (tree / 'tests' / 'test_mod.py').read_text()
+  assert 'PAIRS = None' in text and 'irregular' not in text
+  # No list pairs a singular with its plural: each is an input beside a token or None.
+  words = {w for pair in _PAIRS for w in pair}
+  for row in _rows(text):
+    assert len(words & set(row)) <= 1, row
+  assert sealing.sealed_twins == {planted[0].nodeid}
+  run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
+  assert {n: o for n, o in run.outcomes.items() if o != 'passed'} == {}  # The twin too, in pytest.
+  # The twin's case is in the constant: every test of it has the case (the others are no twins).
+  extra = {planted[0].nodeid.replace('test_plural', f) for f in (
+      'test_plural', 'test_singular', 'test_plural_of_plural')}
+  assert set(run.outcomes) == set(_CASES) | extra
+  sealed = seal.verified(run.seals, sealing, _CASES)
+  assert sealed == sorted([f'{n}@{k}' for n in _CASES[:3] for k in (0, 1, 2)]
+                          + [f'{n}@0' for n in _CASES[3:6]])
+  unmet, flags = seal.judge(run.seals, sealing, sealed)
+  assert unmet == {planted[0].nodeid: 'sealed assert 0 unequal to its literal',
+                   planted[0].nodeid.replace('test_plural', 'test_singular'):
+                   'sealed assert 0 unequal to its literal'} and not flags
+  # str methods of the argument, applied by the harness to each case's literal.
+  assert {e.value for e in sealing.expect.values() if e.ordinal == 1} >= {'Cats', 'Boxes'}
+  assert {e.value for e in sealing.expect.values() if e.ordinal == 2} >= {'cat5', 'citie5'}
+
+  # Code that passes only where it can read the answer fails where the answer left the module.
+  wrong = _case_tree(tmp_path / 'wrong', _CASE_MOD.replace("return word + 'es'", 'return word'))
+  sealing = seal.plant(wrong, seal.functions(sealed), [], random.Random(0))
+  run = grading.restored(_run(wrong, tmp_path / 'run2'), sealing)
+  unmet, _ = seal.judge(run.seals, sealing, sealed)
+  assert run.outcomes['tests/test_mod.py::test_plural[box-boxes]'] == 'passed'  # In pytest.
+  assert unmet == {'tests/test_mod.py::test_plural[box-boxes]':
+                   'sealed assert 0 unequal to its literal'}
+
+
+def test_an_argument_read_elsewhere_is_not_sealed(tmp_path):
+  # `plural` read by an assert left in a `with` block: its values must stay in the module.
+  tree = _case_tree(tmp_path / 'tree')
+  path = tree / 'tests' / 'test_mod.py'
+  path.write_text(path.read_text().replace(
+      '  assert plural.capitalize() ==', '  with pytest.raises(ZeroDivisionError):\n'
+      '    1 / 0\n    assert plural.capitalize() =='))
+  assert seal.candidates(tree, _CASES) == {'tests/test_mod.py::test_singular': [0]}
+  # Nor is a list whose constant a test reads otherwise.
+  path.write_text(_CASE_TESTS + '\n\ndef test_count():\n  assert len(PAIRS) == 3\n')
+  assert seal.candidates(tree, _CASES) == {}
+
+
+def test_no_list_keeps_an_answer_beside_its_input(tmp_path):
+  # test_pair reads both arguments as they are: its own list would pair every singular with its
+  # plural, so neither test_plural's nor test_singular's argument seals are kept.
+  tree = _case_tree(tmp_path / 'tree')
+  path = tree / 'tests' / 'test_mod.py'
+  path.write_text(_CASE_TESTS + textwrap.dedent('''
+
+      @pytest.mark.parametrize(('singular', 'plural'), PAIRS)
+      def test_pair(singular, plural):
+        assert len(singular) < len(plural)
+      '''))
+  required = _CASES + [f'tests/test_mod.py::test_pair[{a}-{b}]' for a, b in _PAIRS]
+  functions = seal.candidates(tree, required)
+  assert set(functions) == {'tests/test_mod.py::test_plural', 'tests/test_mod.py::test_singular'}
+  sealing = seal.plant(tree, functions, [], random.Random(0))
+  run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
+  assert all(o == 'passed' for o in run.outcomes.values()) and len(run.outcomes) == 14
+  assert seal.verified(run.seals, sealing, required) == []
