@@ -15,19 +15,20 @@ forger must compute the value.
 Sealable: `assert a == <literal>` (either side), `assert a is None/True/False`,
 `self.assertEqual(a, <literal>)`, `self.assertIs(a, <singleton>)` (as `self.assertTrue(...)`), the
 literal written there or bound once to a local (a local that only sealed asserts read is bound to
-None instead); and `assert a == <argument>` (either side, or pure str methods of it:
-`plural.capitalize()`) where a parametrize argument's every use in the test is such an assert.
-Then each case's value of it is replaced by a token, and the assert records under its own token
-joined to the case's. Every test parametrized over the same list gets a list of its own, its cases
-shuffled and named by ids of no meaning (the harness maps them back), the arguments it does not
-read set to None, and the module constant goes: no list pairs an input with its answer (where
-another list of the constant would, the factory keeps no seal of that argument: _unpaired). A
-sealed assert loses its message and its computed side is unparsed; a sealed module loses its
-comments and the docstrings of the module, the sealed tests and their classes: any may quote the
-literal. The factory seals every such assert of the required tests in its twin-verification run,
-except in `with` blocks and `try` bodies, and keeps per test those that recorded and were equal to
-their literal (`Task.sealed`, '<node id>@<ordinal>', the ordinal counting the test function's
-asserts and unittest assertions in source order).
+None instead); and `assert a == <argument>` (either side, or str methods of it with literal
+arguments: `plural.capitalize()`) where a parametrize argument's every use in the test is such an
+assert. Then each case's value of it is replaced by a token, and the assert records under its own
+token joined to the case's. Every test parametrized over the same list gets a list of its own, its
+cases named by ids of no meaning (the harness maps them back) and, but in the first, shuffled
+(lists of one constant do not line up), the arguments it does not read set to None, and the
+module constant goes: no list pairs an input with its answer (where another list of the constant
+would, the factory keeps no seal of that argument: _unpaired). A sealed assert loses its message
+and its computed side is unparsed; a sealed module loses its comments and the docstrings of the
+module, the sealed tests and their classes: any may quote the literal. The factory seals every
+such assert of the required tests in its twin-verification run, except in `with` blocks and `try`
+bodies, and keeps per test those that recorded and were equal to their literal (`Task.sealed`,
+'<node id>@<ordinal>', the ordinal counting the test function's asserts and unittest assertions
+in source order).
 
 The equality is builtin equality on the exact-builtin copy (builtins and their subclasses copied
 as the builtin, through the builtins' own methods, as value_twin.py copies): what `==` says in the
@@ -541,8 +542,12 @@ def plant(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin]
           edits.append((*mod.src.span(points[ordinal]),
                         f'assert {name}({ast.unparse(computed)}, {token!r} + {param})'))
     rewritten = _rewritten(tables, columns_sealed)
-    for table in rewritten:
-      edits += _rewrite(mod, table, columns_sealed.get(table.key, {}), planted, sealing, rng)
+    for i, table in enumerate(rewritten):
+      # The first list of a constant keeps the order its tests may rely on; the others are
+      # shuffled, so that no two line up.
+      shuffle = any(t.cases.container is table.cases.container for t in rewritten[:i])
+      edits += _rewrite(mod, table, columns_sealed.get(table.key, {}), planted, sealing, rng,
+                        shuffle)
       documented += [table.test.func, table.test.owner]
     # A constant whose every reader now has its own list goes: it pairs what the lists do not.
     lists = {id(t.cases.container) for t in rewritten}
@@ -586,11 +591,11 @@ def _fixture_arguments(module: ast.Module) -> set[str]:
 
 
 def _rewrite(mod: twins.Module, table: _Table, sealed: dict[str, list[tuple[int, str, tuple]]],
-             planted: list[twins.Twin], sealing: Sealing, rng: random.Random
+             planted: list[twins.Twin], sealing: Sealing, rng: random.Random, shuffle: bool
              ) -> list[twins.Edit]:
   """The test's parametrize list, written into its decorator: each case under an id of no
-  meaning, in a shuffled order (two lists made from one constant do not line up), the values of
-  the `sealed` arguments replaced by tokens, of arguments the test does not read by None. The
+  meaning (pytest's ids are made from the values), with `shuffle` in a random order, the values
+  of the `sealed` arguments replaced by tokens, of arguments the test does not read by None. The
   expectations of the sealed asserts, one per case, go to `sealing`."""
   func, cases = table.test.func, table.cases
   read = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
@@ -616,7 +621,8 @@ def _rewrite(mod: twins.Module, table: _Table, sealed: dict[str, list[tuple[int,
     sealing.names[f'{table.key}[{opaque}]'] = nodeid
     rows.append((parts[0] if cases.single else f'({", ".join(parts)}{"," * (len(parts) == 1)})',
                  opaque))
-  rng.shuffle(rows)
+  if shuffle:
+    rng.shuffle(rows)
   constant = next((f'{table.key.split("::", 1)[0]}::{a.targets[0].id}' for a in mod.tree.body
                    if isinstance(a, ast.Assign) and a.value is cases.container), table.key)
   sealing.lists[table.key] = (constant, frozenset(cases.argnames) - unread)

@@ -500,9 +500,16 @@ def test_parametrize_arguments_leave_the_module_and_cases_keep_their_names(tmp_p
   site = twins.Site('tests/test_mod.py::test_plural[box-boxes]', 0)
   planted = twins.plant(tree, [site], random.Random(1))
   assert [t.kind for t in planted] == ['case']
+  pairs, = [n.value for n in ast.parse((tree / 'tests' / 'test_mod.py').read_text()).body
+            if isinstance(n, ast.Assign) and n.targets[0].id == 'PAIRS']
+  order = [ast.literal_eval(e)[0] for e in pairs.elts]
   sealing = seal.plant(tree, functions, planted, random.Random(0))
   text = (tree / 'tests' / 'test_mod.py').read_text()
   assert 'PAIRS = None' in text and 'irregular' not in text
+  # The first list keeps the constant's order (a test may rely on it); the others are shuffled.
+  module = ast.parse(text)
+  first, = [n.decorator_list[0] for n in module.body if getattr(n, 'name', '') == 'test_plural']
+  assert [ast.literal_eval(e)[0] for e in first.args[1].elts] == order
   # No list pairs a singular with its plural: each is an input beside a token or None.
   words = {w for pair in _PAIRS for w in pair}
   for row in _rows(text):
