@@ -20,13 +20,11 @@ import collections
 import json
 from pathlib import Path
 import random
-import shutil
 import tempfile
 
+from research.tasks import grading
 from research.tasks import layout
-from research.tasks import seal
 from research.tasks import task as task_lib
-from research.tasks import twins
 
 
 def _constants(tree: Path, min_chars: int) -> set[str]:
@@ -49,11 +47,8 @@ def task_report(directory: Path, t: task_lib.Task, min_chars: int, seed: int) ->
   rng = random.Random(seed)
   with tempfile.TemporaryDirectory(prefix='readable-') as scratch:
     work = Path(scratch) / 'tree'
-    shutil.copytree(directory / t.grading_tree, work, symlinks=True)
-    checked = twins.value_checks(t.twin_sites, rng)
-    planted = twins.plant(work, twins.draw(t.twin_sites, t.fail_to_pass, t.max_twins, rng), rng,
-                          checked)
-    sealing = seal.plant(work, seal.functions(t.sealed), planted, rng)
+    layout.copy_tree(directory / t.grading_tree, work)
+    _, _, sealing = grading.plant(t, work, rng)
     constants = _constants(work, min_chars)
   folded = {c.casefold() for c in constants}
   answers = collections.defaultdict(set)

@@ -365,6 +365,15 @@ def apply_checked(work: Path, kept: list[patch_lib.FileSection], task: Task
   return None, flags
 
 
+def plant(task: Task, work: Path, rng: random.Random
+          ) -> tuple[list[twins.Site], list[twins.Twin], seal.Sealing]:
+  """Step 4 on the tree `work`: (the checked tests' sites, the twins planted, the seals)."""
+  checked = twins.value_checks(task.twin_sites, rng)
+  planted = twins.plant(work, twins.draw(task.twin_sites, task.fail_to_pass, task.max_twins, rng),
+                        rng, checked)
+  return checked, planted, seal.plant(work, seal.functions(task.sealed), planted, rng)
+
+
 def limits_for(task: Task) -> sandbox.Limits:
   return sandbox.Limits(cpu_s=task.cpu_limit_s, wall_s=task.time_limit_s)
 
@@ -398,11 +407,8 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
         new = (work / section.new_path).read_text(errors='replace')
         flags += [f'{c} in {section.new_path}' for c in tamper.scan(
             old.read_text(errors='replace') if old and old.is_file() else None, new)]
-    rng = random.SystemRandom()  # Fresh twins at every grading, from no seed a solution sees.
-    checked = twins.value_checks(task.twin_sites, rng)
-    planted = twins.plant(work, twins.draw(task.twin_sites, task.fail_to_pass, task.max_twins,
-                                           rng), rng, checked)
-    sealing = seal.plant(work, seal.functions(task.sealed), planted, rng)
+    # Fresh twins at every grading, from no seed a solution sees.
+    checked, planted, sealing = plant(task, work, random.SystemRandom())
     run = run_pytest(work, list(task.test_files), python=python, python_path=task.python_path,
                      site_dirs=task.site_dirs, config_file=task.config_file,
                      limits=limits or limits_for(task), isolate=isolate, uid=uid,

@@ -390,8 +390,9 @@ def _case_ordinals(tables: dict[str, _Table], key: str, ordinals: list[int]) -> 
     column = [vals[cases.argnames.index(p)] for vals in cases.values]
     try:
       for k in ks:
+        methods = _case_sides(points[k], cases.argnames)[3]
         for literal in column:
-          _expected_value(literal, _case_sides(points[k], cases.argnames)[3])
+          _expected_value(literal, methods)
     except SealError:
       continue
     sealable += ks
@@ -419,8 +420,9 @@ def candidates(tree: Path, tests: list[str], cases: bool = True) -> dict[str, li
     except twins.TwinError:
       continue
     guarded = _guarded(func)
-    free = [i for i, node in enumerate(_points(func)) if id(node) not in guarded]
-    ordinals = [i for i in free if _sides(_points(func)[i], False, func)]
+    points = _points(func)
+    free = [i for i, node in enumerate(points) if id(node) not in guarded]
+    ordinals = [i for i in free if _sides(points[i], False, func)]
     if cases:
       if rel not in tables:
         tables[rel] = _tables(modules[rel], rel)
@@ -599,9 +601,8 @@ def _rewrite(mod: twins.Module, table: _Table, sealed: dict[str, list[tuple[int,
   expectations of the sealed asserts, one per case, go to `sealing`."""
   func, cases = table.test.func, table.cases
   read = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
-  taken = {a.arg for a in func.args.args + func.args.kwonlyargs}
-  unread = {p for p in cases.argnames if p in taken and p not in read
-            and p not in _fixture_arguments(mod.tree)}
+  taken = {a.arg for a in func.args.args + func.args.kwonlyargs} - _fixture_arguments(mod.tree)
+  unread = {p for p in cases.argnames if p in taken and p not in read}
   twin_of = {t.nodeid: t for t in planted if t.kind == 'case'}
   rows = []
   for vals, case_id in zip(cases.values, table.ids):
@@ -684,16 +685,18 @@ def verified(records: dict[str, list[list[str]]], sealing: Sealing,
   (of its own function) that recorded, where no record of that assert, in any test, was
   unequal. Twins (copies of other functions, extra cases) are to be unequal, and are not
   counted: only the expectations of the required tests' functions and cases are."""
+  required = set(tests)
   functions_of = {function_of(n) for n in tests}
   failed = {(e.function, e.ordinal) for recs in records.values()
             for e, text in ((sealing.expect[t], text) for t, text in _known(recs, sealing))
-            if e.function in functions_of and e.case in (None, *tests) and not e.met(text)}
+            if e.function in functions_of and (e.case is None or e.case in required)
+            and not e.met(text)}
   seen = {(n, sealing.expect[t].ordinal) for n in tests
           for t, _ in _known(records.get(n, []), sealing)
           if sealing.expect[t].of(n)}
   kept = {(n, k) for n, k in seen if (function_of(n), k) not in failed}
-  return sorted(f'{n}@{k}' for n, k in kept
-                if (function_of(n), k) not in _unpaired(sealing, kept))
+  dropped = _unpaired(sealing, kept)
+  return sorted(f'{n}@{k}' for n, k in kept if (function_of(n), k) not in dropped)
 
 
 def _unpaired(sealing: Sealing, kept: set[tuple[str, int]]) -> set[tuple[str, int]]:

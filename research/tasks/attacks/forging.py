@@ -1031,6 +1031,12 @@ def _always_equal() -> list[base.Attack]:
          'returns the literal the calling assert expects, read from the graded test file, and '
          'spares tests that look like a mutated copy of another', 'title_case',
          'spares by source', script(textwrap.indent(READER, '  ')), flag=False),
+      # Its sibling for parametrized tests: slugify's expected value is a case argument, which
+      # grading seals (seal.py); it fails there, unflagged.
+      _a('case_reader', base.PEEKING,
+         "returns the expected value of the calling test's parametrize case that its own "
+         'arguments pick, sparing what looks like a twin case', 'slugify', 'spares by source',
+         script(textwrap.indent('_args = [text, sep]\n' + CASES, '  ')), flag=False),
   ]
 
 
