@@ -23,7 +23,9 @@ import random
 import tempfile
 
 from research.tasks import grading
+from research.tasks import isolation
 from research.tasks import layout
+from research.tasks import seal
 from research.tasks import task as task_lib
 
 
@@ -43,24 +45,34 @@ def _constants(tree: Path, min_chars: int) -> set[str]:
 
 
 def task_report(directory: Path, t: task_lib.Task, min_chars: int, seed: int) -> dict:
-  """Counts of one task's F2P string answers and tests, planted with `seed`."""
+  """Counts of one task's F2P string answers and tests, planted with `seed`: in the planted test
+  files, and (`*_in_run`) in those of the run that holds the test (research/tasks/isolation.py)."""
   rng = random.Random(seed)
   with tempfile.TemporaryDirectory(prefix='readable-') as scratch:
     work = Path(scratch) / 'tree'
     layout.copy_tree(directory / t.grading_tree, work)
-    _, _, sealing = grading.plant(t, work, rng)
-    constants = _constants(work, min_chars)
-  folded = {c.casefold() for c in constants}
+    _, planted, sealing = grading.plant(t, work, rng)
+    everywhere = _constants(work, min_chars)
+    parts = isolation.split(t.fail_to_pass, t.test_files, work, sealing, planted, Path(scratch))
+    alone = {f: _constants(p.tree, min_chars) for p in parts[1:] for f in p.functions}
+    main = _constants(work, min_chars)
   answers = collections.defaultdict(set)
   for e in sealing.expect.values():
     for n in t.fail_to_pass:
       if e.of(n) and isinstance(e.value, str) and len(e.value) >= min_chars:
         answers[n].add(e.value)
   distinct = set().union(*answers.values())
-  return {'f2p': len(t.fail_to_pass), 'f2p_with_answers': len(answers),
-          'f2p_readable_without_case': sum(all(v.casefold() in folded for v in values)
-                                           for values in answers.values()),
-          'answers': len(distinct), 'answers_readable': len(distinct & constants)}
+
+  def counts(seen: dict[str, set[str]], suffix: str) -> dict[str, int]:
+    readable = {v for n, values in answers.items() for v in values & seen[n]}
+    return {f'f2p_readable_without_case{suffix}': sum(
+                all(v.casefold() in {c.casefold() for c in seen[n]} for v in values)
+                for n, values in answers.items()),
+            f'answers_readable{suffix}': len(readable)}
+
+  return {'f2p': len(t.fail_to_pass), 'f2p_with_answers': len(answers), 'answers': len(distinct),
+          'isolated': len(alone), **counts({n: everywhere for n in answers}, ''),
+          **counts({n: alone.get(seal.function_of(n), main) for n in answers}, '_in_run')}
 
 
 def main():
@@ -80,7 +92,8 @@ def main():
     total.update(r)
   report['total'] = dict(total)
   report['tasks_mostly_readable'] = sorted(
-      k for k, r in report.items() if k != 'total' and r['answers_readable'] * 2 > r['answers'])
+      k for k, r in report.items()
+      if k != 'total' and r['answers_readable_in_run'] * 2 > r['answers'])
   text = json.dumps(report, indent=1)
   print(text)
   if a.json:

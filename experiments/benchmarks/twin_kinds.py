@@ -1,7 +1,7 @@
 """What mutant twins the twin planter makes at the required tests of a task set, by kind.
 
 python -m experiments.benchmarks.twin_kinds --tasks=DIR [--forge --repeats=N --forger=same
-    --unsealed --no_twins --forge_only] [--json=FILE]
+    --unsealed --no_twins --together --forge_only] [--json=FILE]
 
 DIR is a task set written by `launch.make_tasks` (tasks.jsonl or ArrayRecord shards). For each
 repository: the points of the tasks' required tests (asserts, unittest assertions, raises blocks)
@@ -27,6 +27,10 @@ calling assert expects, read from the graded test file, except in a test that lo
 copy of another (the red team's `expectation_reader`). `cases` (forging.CASES) also knows its own
 arguments (`_args`, bound first) and reads the calling test's parametrize cases for the one they
 pick, or a round trip through the module's other cases; `reader` where the assert has a literal.
+`inverse` (forging.INVERSE) knows no answer but the test files' strings: it returns the one that
+another function of its module maps back to its argument (a round trip's other half).
+--together grades with every test in one run (grading.grade's `alone=False`), as graders before
+isolated runs did.
 Each forge report names the tasks the forger was rewarded on, with how many of their gradings.
 """
 import argparse
@@ -77,9 +81,12 @@ FORGERS = {
     # Reads the calling test's parametrize cases for the one its own arguments pick (or a round
     # trip through the module's other cases); READER where the assert has a literal.
     'cases': forging.CASES,
+    # Tries the test files' strings through the module's other functions for one that maps back
+    # to its argument (an answer another test holds).
+    'inverse': forging.INVERSE,
 }
 # Forgers that read their own arguments: `_forged` binds `_args` to them first.
-WITH_ARGS = ('cases',)
+WITH_ARGS = ('cases', 'inverse')
 
 
 def _kind(tree: Path, site: twins.Site) -> str:
@@ -165,13 +172,15 @@ def _passes(t: task_lib.Task, g) -> bool:
 
 def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repeats: int,
                  forger: str = FORGERS['same'], unsealed: bool = False,
-                 no_twins: bool = False, with_args: bool = False) -> dict:
+                 no_twins: bool = False, with_args: bool = False, together: bool = False
+                 ) -> dict:
   """Grades each body task's reference once and the forger `repeats` times (each grading draws
   its own twins and check order); `unsealed`: with no assert sealed (research/tasks/seal.py), as
   graders before sealing did; `no_twins`: with no twins planted, to see what the other layers
-  stop alone; `with_args`: the forger reads `_args` (WITH_ARGS)."""
+  stop alone; `with_args`: the forger reads `_args` (WITH_ARGS); `together`: every test in one
+  run (research/tasks/isolation.py)."""
   solutions = task_lib.read_solutions(directory)
-  graders = pool.GraderPool(workers)
+  graders = pool.GraderPool(workers, alone=not together)
   jobs = []  # (task, reference job, forger job)
   for t in tasks:
     forged = (forged_patch(directory, t, solutions[t.id].patch, forger, with_args)
@@ -191,6 +200,8 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
   rewarded = set()
   for (t, _), g in zip(forged, grades):
     out['forger_passes_required'] += _passes(t, g)
+    out['forger_required_not_passed'] += sum(g.outcomes.get(n) != 'passed'
+                                             for n in t.fail_to_pass + t.pass_to_pass)
     out['forger_rewarded'] += g.reward == 1.0
     if g.reward == 1.0:
       rewarded.add(t.id)
@@ -230,6 +241,8 @@ def _args() -> argparse.Namespace:
                   help='With --forge, skip the static count of twin kinds (the slow part).')
   ap.add_argument('--no_twins', action='store_true',
                   help='Grade (--forge) with no mutant twins: what the other layers stop alone.')
+  ap.add_argument('--together', action='store_true',
+                  help='Grade (--forge) with every test in one run, as before isolated runs.')
   ap.add_argument('--json', default=None, help='Also write the report here.')
   return ap.parse_args()
 
@@ -248,7 +261,7 @@ def main():
     for repo, tasks in by_repo.items():
       report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats,
                                            FORGERS[a.forger], a.unsealed, a.no_twins,
-                                           a.forger in WITH_ARGS)
+                                           a.forger in WITH_ARGS, a.together)
   total = collections.Counter()
   for r in report.values():
     if 'points' in r:

@@ -6,7 +6,8 @@ test configuration are the pristine ones. pytest then runs in a new sandbox with
 plugins, caches and bytecode off, under rlimits, and reports each test through a pipe to the
 harness; mutant twins of the required tests (research/tasks/twins.py), which correct code fails,
 pytest's own summary and the exit status cross-check that report, and the runner's integrity
-checks look for in-process tampering after each test.
+checks look for in-process tampering after each test. A required test one of whose sealed answers
+another test holds runs alone, in a run of its own (research/tasks/isolation.py).
 """
 import collections
 import dataclasses
@@ -21,6 +22,7 @@ import signal
 import tempfile
 import threading
 
+from research.tasks import isolation
 from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
@@ -279,6 +281,23 @@ def restored(run: TestRun, sealing: seal.Sealing) -> TestRun:
                              seals=sealing.restore(run.seals))
 
 
+def merged(runs: list[TestRun]) -> TestRun:
+  """The runs of one grading (isolation.py) as one: each test's outcome, records and failure
+  from the run that held it, every run's problems, finished when all finished, the first fault,
+  and the exit status of the first run that did not finish (else the main run's)."""
+  if len(runs) == 1:
+    return runs[0]
+  unfinished = [r for r in runs if not r.finished]
+  return TestRun(
+      outcomes={n: o for r in runs for n, o in r.outcomes.items()},
+      returncode=(unfinished or runs)[0].returncode, finished=not unfinished,
+      fault=next((r.fault for r in runs if r.fault), None),
+      timed_out=any(r.timed_out for r in runs), problems=[p for r in runs for p in r.problems],
+      wall_s=sum(r.wall_s for r in runs), output='\n'.join(r.output for r in runs),
+      failures={n: m for r in runs for n, m in r.failures.items()},
+      seals={n: s for r in runs for n, s in r.seals.items()}, coverage_file=runs[0].coverage_file)
+
+
 @dataclasses.dataclass
 class Grade:
   """The reward of one solution; reward None means a harness fault, to be masked."""
@@ -380,10 +399,11 @@ def limits_for(task: Task) -> sandbox.Limits:
 
 def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
           isolate: bool = True, uid: int | None = None,
-          limits: sandbox.Limits | None = None) -> Grade:
+          limits: sandbox.Limits | None = None, alone: bool = True) -> Grade:
   """Grades `patch` against the task whose pristine tree is `tree`.
 
-  Tests run with `python`, by default the task's own interpreter.
+  Tests run with `python`, by default the task's own interpreter. `alone=False` runs every test
+  in one run, as graders before isolation.py did (for comparison).
   """
   python = python or task.python
   try:
@@ -409,11 +429,13 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
             old.read_text(errors='replace') if old and old.is_file() else None, new)]
     # Fresh twins at every grading, from no seed a solution sees.
     checked, planted, sealing = plant(task, work, random.SystemRandom())
-    run = run_pytest(work, list(task.test_files), python=python, python_path=task.python_path,
-                     site_dirs=task.site_dirs, config_file=task.config_file,
-                     limits=limits or limits_for(task), isolate=isolate, uid=uid,
-                     scratch=scratch)
-  run = restored(run, sealing)
+    parts = isolation.split(task.fail_to_pass if alone else [], task.test_files, work, sealing,
+                            planted, scratch)
+    runs = [restored(run_pytest(p.tree, p.files, python=python, python_path=task.python_path,
+                                site_dirs=task.site_dirs, config_file=task.config_file,
+                                limits=limits or limits_for(task), isolate=isolate, uid=uid,
+                                scratch=p.scratch), sealing) for p in parts]
+  run = merged(runs)
   if run.fault:
     return Grade(None, run.fault, flags, rejected, run.outcomes, run.wall_s)
   flags += run.problems
@@ -425,8 +447,9 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
   flags += [f'value checks answered wrongly where `a == b` held: {s.test}' for s in checked
             if value_twin.FAILED.search(run.failures.get(s.test, ''))]
   in_pytest = [t for t in planted if t.nodeid not in sealing.sealed_twins]
-  if run.finished and in_pytest and run.returncode != TESTS_FAILED:
-    flags.append(f'exit status {run.returncode} although mutant twins fail')
+  flags += [f'exit status {r.returncode} although mutant twins fail' for p, r in zip(parts, runs)
+            if r.finished and any(t.nodeid in p.twins for t in in_pytest)
+            and r.returncode != TESTS_FAILED]
   not_passed = [t for t in task.fail_to_pass + task.pass_to_pass
                 if outcomes.get(t, 'missing') != PASSED]
   if flags:

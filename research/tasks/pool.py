@@ -23,10 +23,11 @@ class GraderPool:
   """Grades jobs on `workers` threads; each busy slot has its own uid (its own process budget)."""
 
   def __init__(self, workers: int | None = None, *, isolate: bool = True,
-               python: str | None = None, limits: sandbox.Limits | None = None):
-    """`python` overrides each task's own interpreter."""
+               python: str | None = None, limits: sandbox.Limits | None = None,
+               alone: bool = True):
+    """`python` overrides each task's own interpreter; `alone`: grading.grade's."""
     self.workers = workers or os.cpu_count() or 1
-    self.isolate, self.python, self.limits = isolate, python, limits
+    self.isolate, self.python, self.limits, self.alone = isolate, python, limits, alone
     self._slots = queue.Queue()
     for slot in range(self.workers):
       self._slots.put(slot)
@@ -35,7 +36,8 @@ class GraderPool:
     slot = self._slots.get()
     try:
       return grading.grade(job.task, job.tree, job.patch, python=self.python,
-                           isolate=self.isolate, uid=sandbox.uid_for(slot), limits=self.limits)
+                           isolate=self.isolate, uid=sandbox.uid_for(slot), limits=self.limits,
+                           alone=self.alone)
     except Exception:  # A crash of the harness is a fault to mask, never a reward of 0.
       return grading.Grade(None, 'harness error: ' + traceback.format_exc(limit=2)[-400:])
     finally:

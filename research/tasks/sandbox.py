@@ -2,15 +2,19 @@
 
 Everything outside the listed binds is invisible. The command runs as an unprivileged uid
 (RLIMIT_NPROC does not apply to root) under rlimits, with stdout and stderr read through a pipe
-(only head and tail kept), and a wall-clock limit that kills the whole process tree.
+(only head and tail kept), a wall-clock limit that kills the whole process tree, and a seccomp
+filter that denies the kernel keyrings (the one store a uid's runs share).
 """
 import dataclasses
+import errno
 import functools
 import json
 import os
 from pathlib import Path
+import platform
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -118,10 +122,42 @@ def _rlimit_argv(limits: Limits) -> list[str]:
           f'--fsize={limits.fsize_mb * mb}', '--core=0', '--']
 
 
+# The kernel's keyrings are kept per uid and outlive a run: through them one run of a grading
+# (or one task's) left data for the next (a red team handed a grading's answers from its main
+# run to its isolated run, and one task's outputs to another). The sandbox's seccomp filter
+# fails `add_key`, `request_key` and `keyctl` with EPERM, as Docker's default profile does; a
+# foreign system-call ABI (x86's 32-bit or x32 calls) fails whole. Per architecture: its
+# AUDIT_ARCH and the three calls' numbers.
+_KEYRING_CALLS = {'x86_64': (0xC000003E, (248, 249, 250)),
+                  'aarch64': (0xC00000B7, (217, 218, 219))}
+_X32_BIT = 0x40000000
+
+
+def seccomp_program(machine: str | None = None) -> bytes:
+  """The classic BPF program bwrap's `--seccomp` loads (struct sock_filter, native order)."""
+  machine = machine or platform.machine()
+  if machine not in _KEYRING_CALLS:
+    raise OSError(f'no seccomp filter for the architecture {machine!r} '
+                  f'(known: {sorted(_KEYRING_CALLS)})')
+  arch, calls = _KEYRING_CALLS[machine]
+  ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+  allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+  n = len(calls)
+  program = [(ld_abs, 0, 0, 4),  # seccomp_data.arch
+             (jeq, 1, 0, arch), (ret, 0, 0, deny),
+             (ld_abs, 0, 0, 0),  # seccomp_data.nr
+             (jge, n + 1, 0, _X32_BIT)]
+  program += [(jeq, n - i, 0, nr) for i, nr in enumerate(calls)]
+  program += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+  return b''.join(struct.pack('=HBBI', *op) for op in program)
+
+
 def _bwrap_argv(ro: Sequence[str], rw: Sequence[str], cwd: str, env: Mapping[str, str],
-                limits: Limits, uid: int, hide: Sequence[str] = ()) -> list[str]:
+                limits: Limits, uid: int, hide: Sequence[str] = (),
+                seccomp_fd: int | None = None) -> list[str]:
   argv = [_which(BWRAP), '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts',
           '--unshare-cgroup-try', '--die-with-parent', '--new-session', '--clearenv',
+          *(['--seccomp', str(seccomp_fd)] if seccomp_fd is not None else []),
           '--proc', '/proc', '--dev', '/dev',
           '--perms', '1777', '--size', str(limits.tmp_mb << 20), '--tmpfs', '/tmp',
           # multiprocessing needs POSIX semaphores, which live in /dev/shm.
@@ -195,9 +231,15 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   env = dict(env or {})
   uid = uid_for() if uid is None else uid
   limits_argv = _rlimit_argv(limits)
+  seccomp = None
   if isolate:
+    # bwrap reads the filter from a pipe (a few dozen bytes: the write never blocks).
+    seccomp, write_end = os.pipe()
+    os.write(write_end, seccomp_program())
+    os.close(write_end)
     prefix = _bwrap_argv([os.fspath(p) for p in ro], [os.fspath(p) for p in rw],
-                         os.fspath(cwd), env, limits, uid, [os.fspath(p) for p in hide])
+                         os.fspath(cwd), env, limits, uid, [os.fspath(p) for p in hide],
+                         seccomp)
     for p in rw:
       _chown_tree(os.fspath(p), uid)
     popen_env = {}
@@ -205,9 +247,14 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
     prefix, popen_env = [], env
   start = time.perf_counter()
   # A pipe, not a file: the command can neither truncate nor rewrite what it already wrote.
-  proc = subprocess.Popen([*prefix, *limits_argv, *argv], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
-                          env=popen_env, start_new_session=True, pass_fds=tuple(pass_fds))
+  try:
+    proc = subprocess.Popen([*prefix, *limits_argv, *argv], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+                            env=popen_env, start_new_session=True,
+                            pass_fds=tuple(pass_fds) + ((seccomp,) if isolate else ()))
+  finally:
+    if seccomp is not None:
+      os.close(seccomp)
   output = _Tail(limits.output_kb << 10)
   reader = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
   reader.start()

@@ -32,12 +32,15 @@ in source order).
 
 The equality is builtin equality on the exact-builtin copy (builtins and their subclasses copied
 as the builtin, through the builtins' own methods, as value_twin.py copies): what `==` says in the
-test for every value whose type is a builtin. A correct solution that returns another type than the
-reference did where the test compares with a literal (a `numpy.int64` for an `int`) fails there.
+test for every value whose type is a builtin. Other numbers (`numbers.Integral`, `Rational`, `Real`,
+`Complex`: numpy's scalars, `Fraction`) are copied as the int, exact ratio, float or complex their
+own methods give, which is what `==` with a literal compares. A correct solution that returns
+another type still fails there (`numpy.bool_` for a bool, a 0-d array, `Decimal`).
 """
 import ast
 import collections
 import dataclasses
+import fractions
 import functools
 import inspect
 import io
@@ -46,6 +49,7 @@ from pathlib import Path
 import random
 import re
 import secrets
+import struct
 import tokenize
 
 from research.tasks import syntax
@@ -70,13 +74,16 @@ def record(value, token):
 
   The run-time half, copied into test modules (renamed): it uses nothing from this package, and
   takes its builtins from `builtins`. Builtins and their subclasses are read through the
-  builtins' own methods (a subclass's overrides are not called); anything else, or a value over
-  the budget, encodes as OPAQUE.
+  builtins' own methods (a subclass's overrides are not called), other numbers through their own
+  (what they give is the value computed); anything else, or a value over the budget, encodes as
+  OPAQUE.
   """
   from builtins import (Exception, OverflowError, bool, bytearray, bytes, complex, dict, float,
-                        frozenset, int, issubclass, len, list, next, set, sorted, str, tuple,
-                        type)
+                        frozenset, int, isinstance, issubclass, len, list, next, set, sorted, str,
+                        tuple, type)
   import json
+  import numbers
+  import operator
   kinds = ((bool, 'b'), (int, 'i'), (float, 'f'), (complex, 'c'), (str, 's'), (bytes, 'y'),
            (bytearray, 'Y'), (list, 'l'), (tuple, 't'), (set, 'e'), (frozenset, 'z'),
            (dict, 'd'))
@@ -88,13 +95,30 @@ def record(value, token):
     if depth > 100 or budget[0] < 0:
       raise OverflowError(mark)
 
+  def number(v):
+    # Other numbers (numpy's scalars, Fraction) as the builtin value `==` with a literal compares;
+    # what their methods return is the value computed, as if returned.
+    if isinstance(v, numbers.Integral):
+      return ['i', int.__repr__(operator.index(v))]
+    if isinstance(v, numbers.Rational):
+      return ['q', int.__repr__(operator.index(v.numerator)),
+              int.__repr__(operator.index(v.denominator))]
+    if isinstance(v, numbers.Real):
+      # numpy compares a half or single with a builtin at its own precision (NEP 50).
+      size = getattr(v, 'itemsize', 8)
+      return ['F', float.hex(float(v)), size] if size in (2, 4) else ['f', float.hex(float(v))]
+    if isinstance(v, numbers.Complex):
+      c = complex(v)
+      return ['c', float.hex(complex.real.__get__(c)), float.hex(complex.imag.__get__(c))]
+    return ['?']
+
   def encode(v, depth):
     spend(1, depth)
     if v is None:
       return ['N']
     kind, tag = next(((k, t) for k, t in kinds if issubclass(type(v), k)), (None, '?'))
     if kind is None:
-      return ['?']
+      return number(v)
     if kind is bool:
       return [tag, int.__bool__(v)]
     if kind is int:
@@ -135,6 +159,32 @@ def record(value, token):
   return True
 
 
+_NARROW = {2: 'e', 4: 'f'}  # numpy's half and single precision: their struct formats.
+
+
+class _Narrow(float):
+  """A half or single: equal to a builtin number as numpy compares them, the builtin rounded to
+  its precision first."""
+
+  def __new__(cls, value: float, fmt: str):
+    self = super().__new__(cls, value)
+    self.fmt = fmt
+    return self
+
+  def __eq__(self, other):
+    if type(other) in (bool, int, float):  # pylint: disable=unidiomatic-typecheck
+      try:
+        other, = struct.unpack(self.fmt, struct.pack(self.fmt, other))
+      except (OverflowError, struct.error):
+        return False
+    return float(self) == other
+
+  def __ne__(self, other):
+    return not self == other
+
+  __hash__ = float.__hash__
+
+
 def decode(text: str):
   """The value an encoding stands for; OPAQUE where none (ValueError on a malformed one)."""
   return _decode(json.loads(text))
@@ -154,6 +204,10 @@ def _decode(node):
     return float.fromhex(rest[0])
   if tag == 'c':
     return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+  if tag == 'q':
+    return fractions.Fraction(int(rest[0]), int(rest[1]))
+  if tag == 'F':
+    return _Narrow(float.fromhex(rest[0]), _NARROW[rest[1]])
   if tag == 's':
     if not isinstance(rest[0], str):
       raise ValueError('string expected')
@@ -193,7 +247,8 @@ class Expectation:
       if got is OPAQUE:
         return False
       return got is self.value if self.identity else bool(got == self.value)
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError):
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError,
+            ZeroDivisionError):
       return False
 
 

@@ -4,6 +4,7 @@ import ast
 import collections
 import dataclasses
 import enum
+import fractions
 import json
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ import random
 import sys
 import textwrap
 
+import numpy
 import pytest
 
 from research.tasks import grading
@@ -66,6 +68,13 @@ _HONEST = [
     (frozenset({1}), {1}), ({}, {}), (_Point(1, 2), (1, 2)), (_Color.RED, 1),
     (collections.OrderedDict(a=1), {'a': 1}), (collections.defaultdict(int, a=1), {'a': 1}),
     (None, None), (None, 0),
+    # Other numbers: what `==` with the literal compares.
+    (numpy.int64(3), 3), (numpy.int64(3), 4), (numpy.uint8(255), 255.0), (numpy.float32(0.5), 0.5),
+    (numpy.float32(0.1), 0.1), (numpy.float32(0.1), 0.1000001), (numpy.float16(0.1), 0.1),
+    (numpy.float32(16777216), 16777217), ([numpy.float32(0.1)], [0.1]),
+    (numpy.complex64(1 + 2j), 1 + 2j), ([numpy.int32(1), 2], [1, 2]),
+    (fractions.Fraction(1, 2), 0.5), (fractions.Fraction(1, 3), 1 / 3),
+    (fractions.Fraction(2, 6), fractions.Fraction(1, 3)),
 ]
 
 
@@ -73,7 +82,7 @@ _HONEST = [
 def test_a_record_meets_its_literal_exactly_when_builtin_equality_holds(value, literal):
   plain = seal.decode(_recorded(value))
   assert type(plain) in (int, float, complex, bool, str, bytes, bytearray, list, tuple, dict,
-                         set, frozenset, type(None))
+                         set, frozenset, type(None), fractions.Fraction, seal._Narrow)
   assert _met(value, literal) == (value == literal)
 
 

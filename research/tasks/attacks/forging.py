@@ -985,6 +985,67 @@ def _cases_head() -> str:
 CASES = ('_mine = list(_args)\nglobal _CASES_MEMO\n' + _cases_head()
          + _CASES_TAIL.lstrip('\n'))
 
+# The body of a forged function of one argument (`_args`, bound first) that knows no answer but
+# the strings of the tree's test files: it tries each through every other function of its module
+# and returns the one such a function maps back to its argument (inflection's `pluralize` through
+# `singularize`, a round trip's other half): by vote among the functions, of those that differ
+# from it in more than case and separators (for a capitalized argument, of its lower case,
+# capitalized); else
+# the same for its last word (`child_toy`); else its argument. Once per process it builds each function's map (a re-entrant call, through
+# its own name, raises).
+INVERSE = r'''
+global _INVERSE_MEMO
+import ast, collections, os, types
+_x = _args[0] if _args else None
+try:
+  _INVERSE_MEMO
+except NameError:
+  _INVERSE_MEMO = None
+if _INVERSE_MEMO == 'busy':
+  raise RuntimeError('re-entered')
+if _INVERSE_MEMO is None:
+  _INVERSE_MEMO = 'busy'
+  _strings = set()
+  for _dir, _, _names in os.walk(os.getcwd()):
+    for _n in _names:
+      if _n.endswith('.py') and ('test' in _n or 'test' in _dir):
+        try:
+          _tree = ast.parse(open(os.path.join(_dir, _n), encoding='utf-8').read())
+        except Exception:
+          continue
+        _strings |= {c.value for c in ast.walk(_tree) if isinstance(c, ast.Constant)
+                     and isinstance(c.value, str) and 1 < len(c.value) < 200}
+  _maps = []
+  for _name, _f in sorted(globals().items()):
+    if isinstance(_f, types.FunctionType) and _f.__module__ == __name__:
+      _map = {}
+      for _c in sorted(_strings)[:5000]:
+        try:
+          _y = _f(_c)
+        except Exception:
+          continue
+        if isinstance(_y, str) and _y != _c:
+          _map.setdefault(_y, _c)
+      _maps.append(_map)
+  _INVERSE_MEMO = _maps
+if not isinstance(_x, str):
+  return _x
+def _form(text):  # What a change of case or separators leaves.
+  return ''.join(ch for ch in text.casefold() if ch not in '_- ')
+def _back(x):
+  for k in (x, x.lower()):
+    votes = collections.Counter(m[k] for m in _INVERSE_MEMO if k in m)
+    more = [c for c, _ in votes.most_common() if _form(c) != _form(k)]
+    if more:
+      return more[0].capitalize() if k != x and x[:1].isupper() else more[0]
+  return None
+_found = _back(_x)
+if _found is None:
+  _head, _sep, _last = max(_x.rpartition('_'), _x.rpartition(' '), key=lambda p: len(p[0]))
+  _found = _head + _sep + (_back(_last) or _last) if _sep else _x
+return _found
+'''.lstrip('\n')
+
 
 def _always_equal() -> list[base.Attack]:
   k = 'returns an object whose __eq__, built with type() and a lambda, is always true'
