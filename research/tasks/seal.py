@@ -95,11 +95,11 @@ def record(value, token):
     if depth > 100 or budget[0] < 0:
       raise OverflowError(mark)
 
-  def number(v):
+  def number(v, depth):
     # Other numbers (numpy's scalars, Fraction) as the builtin value `==` with a literal compares;
     # what their methods return is the value computed, as if returned.
     if isinstance(v, numbers.Integral):
-      return ['i', int.__repr__(operator.index(v))]
+      return encode(operator.index(v), depth)
     if isinstance(v, numbers.Rational):
       return ['q', int.__repr__(operator.index(v.numerator)),
               int.__repr__(operator.index(v.denominator))]
@@ -108,8 +108,7 @@ def record(value, token):
       size = getattr(v, 'itemsize', 8)
       return ['F', float.hex(float(v)), size] if size in (2, 4) else ['f', float.hex(float(v))]
     if isinstance(v, numbers.Complex):
-      c = complex(v)
-      return ['c', float.hex(complex.real.__get__(c)), float.hex(complex.imag.__get__(c))]
+      return encode(complex(v), depth)
     return ['?']
 
   def encode(v, depth):
@@ -118,7 +117,7 @@ def record(value, token):
       return ['N']
     kind, tag = next(((k, t) for k, t in kinds if issubclass(type(v), k)), (None, '?'))
     if kind is None:
-      return number(v)
+      return number(v, depth)
     if kind is bool:
       return [tag, int.__bool__(v)]
     if kind is int:
