@@ -28,24 +28,30 @@ copy of another (the red team's `expectation_reader`). `cases` (forging.CASES) a
 arguments (`_args`, bound first) and reads the calling test's parametrize cases for the one they
 pick, or a round trip through the module's other cases; `reader` where the assert has a literal.
 `inverse` (forging.INVERSE) knows no answer but the test files' strings: it returns the one that
-another function of its module maps back to its argument (a round trip's other half).
+another function of its module maps back to its argument (a round trip's other half);
+`keyring` (forging.KEYRING) the same, pooling the strings of every run of a grading in the uid's
+kernel keyring (which the sandbox's seccomp filter denies; the static scanner flags its ctypes).
 --together grades with every test in one run (grading.grade's `alone=False`), as graders before
-isolated runs did.
+isolated runs did; --no_seccomp without the sandbox's seccomp filter (what `keyring` needs).
 Each forge report names the tasks the forger was rewarded on, with how many of their gradings.
 """
 import argparse
 import ast
 import collections
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
 import random
 import re
+import struct
 import tempfile
+from unittest import mock
 
 from research.tasks import deletion
 from research.tasks import patch as patch_lib
 from research.tasks import pool
+from research.tasks import sandbox
 from research.tasks import task as task_lib
 from research.tasks import twins
 from research.tasks.attacks import forging
@@ -84,9 +90,11 @@ FORGERS = {
     # Tries the test files' strings through the module's other functions for one that maps back
     # to its argument (an answer another test holds).
     'inverse': forging.INVERSE,
+    # INVERSE over the strings every run of the grading left in the uid's kernel keyring.
+    'keyring': forging.KEYRING,
 }
 # Forgers that read their own arguments: `_forged` binds `_args` to them first.
-WITH_ARGS = ('cases', 'inverse')
+WITH_ARGS = ('cases', 'inverse', 'keyring')
 
 
 def _kind(tree: Path, site: twins.Site) -> str:
@@ -224,6 +232,15 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
   return out
 
 
+# A seccomp program that allows every call (one SECCOMP_RET_ALLOW): the sandbox without its filter.
+ALLOW_ALL = struct.pack('=HBBI', 0x06, 0, 0, 0x7FFF0000)
+
+
+def without_seccomp():
+  """A context in which sandboxes load ALLOW_ALL instead of sandbox.seccomp_program()."""
+  return mock.patch.object(sandbox, 'seccomp_program', lambda machine=None: ALLOW_ALL)
+
+
 def _args() -> argparse.Namespace:
   """The command line (argparse: tests import this module next to absl-flag modules)."""
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -243,6 +260,8 @@ def _args() -> argparse.Namespace:
                   help='Grade (--forge) with no mutant twins: what the other layers stop alone.')
   ap.add_argument('--together', action='store_true',
                   help='Grade (--forge) with every test in one run, as before isolated runs.')
+  ap.add_argument('--no_seccomp', action='store_true',
+                  help="Grade (--forge) without the sandbox's seccomp filter: what it stops.")
   ap.add_argument('--json', default=None, help='Also write the report here.')
   return ap.parse_args()
 
@@ -258,10 +277,11 @@ def main():
   report = {repo: {} if a.forge and a.forge_only else repo_report(directory, tasks)
             for repo, tasks in sorted(by_repo.items())}
   if a.forge:
-    for repo, tasks in by_repo.items():
-      report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats,
-                                           FORGERS[a.forger], a.unsealed, a.no_twins,
-                                           a.forger in WITH_ARGS, a.together)
+    with without_seccomp() if a.no_seccomp else contextlib.nullcontext():
+      for repo, tasks in by_repo.items():
+        report[repo]['forge'] = forge_report(directory, tasks, a.workers, a.repeats,
+                                             FORGERS[a.forger], a.unsealed, a.no_twins,
+                                             a.forger in WITH_ARGS, a.together)
   total = collections.Counter()
   for r in report.values():
     if 'points' in r:

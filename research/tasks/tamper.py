@@ -37,6 +37,17 @@ _MODULES = {
     'http.client': 'network access', 'requests': 'network access', 'site': 'touches site',
     'sitecustomize': 'touches site', 'marshal': 'loads code objects',
     'importlib': 'dynamic import', 'pluggy': 'imports the pytest plugin system',
+    # Ways to ctypes, exec or import by other names (an independent red team's).
+    '_ctypes': 'pokes memory', 'cffi': 'pokes memory', 'runpy': 'dynamic code',
+    'code': 'dynamic code', 'codeop': 'dynamic code', 'imp': 'dynamic import',
+    '_imp': 'dynamic import', 'zipimport': 'dynamic import',
+    # Unpickling runs any callable the data names (exec, an import).
+    '_pickle': 'unpickles code', 'dill': 'unpickles code', 'cloudpickle': 'unpickles code',
+}
+# The same inside packages honest code imports for other things.
+_MEMBERS = {
+    'multiprocessing.sharedctypes': 'pokes memory', 'numpy.ctypeslib': 'pokes memory',
+    **dict.fromkeys(['pickle.loads', 'pickle.load', 'pickle.Unpickler'], 'unpickles code'),
 }
 # Submodules of flagged packages that only read package data.
 _HARMLESS = ('importlib.metadata', 'importlib.resources')
@@ -53,6 +64,7 @@ _ATTRS = {
     'pluginmanager': 'reaches the pytest plugin manager',
     'terminalreporter': 'reaches the pytest reporter',
     'get_referrers': 'walks the heap', 'get_referents': 'walks the heap',
+    'sharedctypes': 'pokes memory', 'ctypeslib': 'pokes memory',
 }
 # Attributes of sys and inspect that are harmless on other objects (self.stack, obj.exit).
 # Reading sys.argv or sys.modules and sys.exit inside a function are common in libraries and
@@ -65,6 +77,8 @@ _QUALIFIED = {
     ('signal', 'raise_signal'): 'signals processes',
     ('signal', 'pthread_kill'): 'signals processes',
     ('gc', 'get_objects'): 'walks the heap',
+    ('pkgutil', 'resolve_name'): 'dynamic import', ('pydoc', 'locate'): 'dynamic import',
+    **{('pickle', a): 'unpickles code' for a in ('loads', 'load', 'Unpickler')},
 }
 _NAMES = {
     '__import__': 'dynamic import', 'exec': 'dynamic code', 'eval': 'dynamic code',
@@ -97,7 +111,8 @@ _DUNDERS = frozenset({'__globals__', '__code__', '__closure__', '__traceback__',
                       '__defaults__', '__kwdefaults__', '__mro__', '__bases__', '__dict__',
                       '__class__', '__reduce__', '__reduce_ex__', '__del__'})
 # Modules whose names alone, as the first part of a dotted name, mean pytest or the heap.
-_PACKAGES = frozenset({'_pytest', 'pytest', 'pluggy', 'gc', 'ctypes', 'builtins', 'sys'})
+_PACKAGES = frozenset({'_pytest', 'pytest', 'pluggy', 'gc', 'ctypes', '_ctypes', 'builtins',
+                       'sys'})
 _INTERNAL = re.compile(r'(f|tb|co|gi|cr|ag)_\w+|pytest_\w+')
 # Methods whose replacement makes any object pass an assertion.
 _FORGE = frozenset({'__eq__', '__ne__', '__hash__', '__bool__', '__lt__', '__le__', '__gt__',
@@ -355,7 +370,7 @@ class Findings:
 def _module_flag(name: str) -> str | None:
   if name.startswith(_HARMLESS):
     return None
-  for mod, why in _MODULES.items():
+  for mod, why in (*_MODULES.items(), *_MEMBERS.items()):
     if name == mod or name.startswith(mod + '.'):
       return f'{why} ({name})'
   return None

@@ -1,12 +1,15 @@
 import ast
 import textwrap
 
+import pytest
+
 from experiments.benchmarks import twin_kinds
 from research.tasks import factory
 from research.tasks import fixtures
 from research.tasks import grading
 from research.tasks import isolation
 from research.tasks import seal
+from research.tasks import tamper
 from research.tasks import task as task_lib
 from research.tasks.attacks import forging
 
@@ -118,18 +121,32 @@ _ROUND_TRIP = '''\
       assert pkg.unshout('HELLO!') == 'hello'
       assert pkg.unshout('QUIET WORD!') == 'quiet word'
     '''
-def test_an_answer_another_test_holds_cannot_be_read_back(tmp_path):
-  repo = fixtures.write_repo(tmp_path / 'repo', {
+# The round trip, with a test of the main run that calls `shout` too: there a forger harvests.
+_ROUND_TRIP_AND_LOUDNESS = _ROUND_TRIP + '''
+
+    def test_shouting_is_loud():
+      assert pkg.shout('hello').isupper()
+    '''
+
+
+@pytest.fixture(scope='module')
+def round_trip(tmp_path_factory):
+  """The factory's `shout` task of the round trip: (task, grading tree, reference, out dir)."""
+  root = tmp_path_factory.mktemp('round_trip')
+  repo = fixtures.write_repo(root / 'repo', {
       'pkg/__init__.py': textwrap.dedent(_MODULE),
-      'tests/test_pkg.py': textwrap.dedent(_ROUND_TRIP)})
-  out = tmp_path / 'out'
+      'tests/test_pkg.py': textwrap.dedent(_ROUND_TRIP_AND_LOUDNESS)})
+  out = root / 'out'
   summary = factory.make_tasks(repo, out, modes=('body',), only=('shout',), progress=False,
                                log=lambda _: None)
   assert summary.kept == 1
   t, = task_lib.read(out / 'tasks.jsonl')
+  return t, out / t.grading_tree, task_lib.read_solutions(out)[t.id].patch, out
+
+
+def test_an_answer_another_test_holds_cannot_be_read_back(round_trip):
+  t, tree, reference, out = round_trip
   assert f'{t.fail_to_pass[0]}@0' in t.sealed
-  tree = out / t.grading_tree
-  reference = task_lib.read_solutions(out)[t.id].patch
   # It maps unshout(c) -> c over the test files' strings.
   forged = twin_kinds.forged_patch(out, t, reference, forging.INVERSE, with_args=True)
   assert grading.grade(t, tree, reference).reward == 1.0
@@ -138,3 +155,21 @@ def test_an_answer_another_test_holds_cannot_be_read_back(tmp_path):
   assert result.outcomes[t.fail_to_pass[0]] == 'failed'  # At its sealed assert, run alone.
   # The same grading with every test in one run rewards the forger.
   assert grading.grade(t, tree, forged, alone=False).reward == 1.0
+
+
+def test_a_run_alone_gets_no_answers_from_another_run_through_the_keyring(round_trip,
+                                                                          monkeypatch):
+  t, tree, reference, out = round_trip
+  forged = twin_kinds.forged_patch(out, t, reference, forging.KEYRING, with_args=True)
+  stub = (out / t.tree / t.file).read_text()
+  source = twin_kinds.forged_source(out, t, reference, forging.KEYRING, with_args=True)
+  assert tamper.scan(stub, source) == ['pokes memory (ctypes)']
+  # The static scanner flags ctypes; this is about the sandbox, so it is off for both arms.
+  monkeypatch.setattr(tamper, 'scan', lambda old, new: [])
+  result = grading.grade(t, tree, forged)
+  assert result.reward == 0.0 and result.tamper == []
+  assert result.outcomes['tests/test_pkg.py::test_shouting_is_loud'] == 'passed'
+  assert result.outcomes[t.fail_to_pass[0]] == 'failed'
+  # Without the seccomp filter the main run's strings reach the run alone, and the forger wins.
+  with twin_kinds.without_seccomp():
+    assert grading.grade(t, tree, forged).reward == 1.0

@@ -49,6 +49,9 @@ OPS = {name: getattr(operator, name) for name in ('add', 'sub')}
 def test_honest_code_is_not_flagged():
   assert tamper.scan(None, HONEST) == []
   assert tamper.scan(None, HONEST_DYNAMIC) == []
+  # The packages whose members are flagged, used for what honest code uses them for.
+  assert tamper.scan(None, 'import multiprocessing, pickle\n'
+                           'pool = multiprocessing.Pool(2)\nblob = pickle.dumps(pool)') == []
 
 
 def test_flags_each_construct_once_per_new_use():
@@ -72,6 +75,17 @@ def test_flags_each_construct_once_per_new_use():
       'import signal\nsignal.raise_signal(9)': 'signals processes (signal.raise_signal)',
       'r = config.pluginmanager': 'reaches the pytest plugin manager (pluginmanager)',
       'import pluggy': 'imports the pytest plugin system (pluggy)',
+      # An independent red team's ways to ctypes and exec under other names.
+      'from multiprocessing import sharedctypes': 'pokes memory (multiprocessing.sharedctypes)',
+      'import multiprocessing\nc = multiprocessing.sharedctypes.ctypes':
+          'pokes memory (sharedctypes)',
+      'from _ctypes import dlopen': 'pokes memory (_ctypes.dlopen)',
+      'import numpy\nnumpy.ctypeslib.as_array(p, (4,))': 'pokes memory (ctypeslib)',
+      'import runpy\nrunpy.run_path(p)': 'dynamic code (runpy)',
+      'import code\ncode.InteractiveInterpreter().runsource(s)': 'dynamic code (code)',
+      'import pkgutil\npkgutil.resolve_name(s)': 'dynamic import (pkgutil.resolve_name)',
+      'import pickle as p\np.loads(data)': 'unpickles code (pickle.loads)',
+      'from pickle import Unpickler': 'unpickles code (pickle.Unpickler)',
   }
   for code, flag in hacks.items():
     assert flag in tamper.scan(None, code), code
