@@ -14,7 +14,7 @@ function and its twins. A function is isolated only where that hides one of its 
 (titleize's are its own inputs but for case: nothing to hide).
 
 Tests are what pytest collects by default: functions and methods named `test*` that are not
-fixtures. What a test reads elsewhere (data files, the package's own source or documentation) is
+fixtures, also inside `if` blocks (version gates). What a test reads elsewhere (data files, the package's own source or documentation) is
 not hidden.
 """
 import ast
@@ -97,6 +97,10 @@ def _units(body: list[ast.stmt], prefix: str, drop_test, constants: bool, out: l
       out.append(_Unit(node, {node.name}, _reads(node, [*node.bases, *node.keywords,
                                                         *node.decorator_list]), False))
       _units(node.body, qual + '::', drop_test, constants, out)
+    elif isinstance(node, ast.If):
+      # The `if` stays (a version gate); its branches' statements are units in the same scope.
+      out.append(_Unit(node, set(), _reads(node, [node.test]), False))
+      _units(node.body + node.orelse, prefix, drop_test, constants, out)
     elif _is_test(node):
       out.append(_Unit(node, {node.name}, _reads(node, [node]), drop_test(qual)))
     else:
@@ -127,6 +131,9 @@ def _filtered(body: list[ast.stmt], live: set[int]) -> list[ast.stmt]:
       continue
     if isinstance(node, ast.ClassDef):
       node = ast.ClassDef(**{**vars(node), 'body': _filtered(node.body, live) or [ast.Pass()]})
+    elif isinstance(node, ast.If):
+      node = ast.If(test=node.test, body=_filtered(node.body, live) or [ast.Pass()],
+                    orelse=_filtered(node.orelse, live))
     out.append(node)
   return out
 

@@ -47,6 +47,11 @@ _TESTS = '''\
 
       def test_loud(self):
         assert self.LOUD
+
+
+    if pytest:  # A gate: the test inside goes, the gate stays.
+      def test_gated():
+        assert pkg.unshout('HELLO!') == 'hello'
     '''
 _SHOUT = 'tests/test_pkg.py::test_shout'
 
@@ -80,13 +85,14 @@ def test_a_test_whose_answer_another_test_holds_runs_alone(tmp_path):
   # and the constants only they read go, here and in every other test file.
   assert names == {'_helper', 'test_word', 'test_shout', 'TestMore'}
   assert _strings(kept) == {'said by a helper', 'hello'}
+  assert sum(isinstance(n, ast.If) for n in kept.body) == 1
   for rel in ('tests/conftest.py', 'tests/test_other.py'):
     assert 'HELLO!' not in (alone.tree / rel).read_text()
   assert (alone.tree / 'pkg/__init__.py').is_file()
   # The main run keeps the rest as it was, and no longer holds the test.
   rest = ast.parse((tree / 'tests/test_pkg.py').read_text())
   assert {n.name for n in ast.walk(rest) if isinstance(n, ast.FunctionDef)} == {
-      '_helper', 'test_word', 'test_unshout', 'test_loud'}
+      '_helper', 'test_word', 'test_unshout', 'test_loud', 'test_gated'}
   assert 'HELLO! nobody reads me' in _strings(rest)
 
 
