@@ -14,8 +14,8 @@ function and its twins. A function is isolated only where that hides one of its 
 (titleize's are its own inputs but for case: nothing to hide).
 
 Tests are what pytest collects by default: functions and methods named `test*` that are not
-fixtures, also inside `if` blocks (version gates). What a test reads elsewhere (data files, the package's own source or documentation) is
-not hidden.
+fixtures, also inside `if` blocks (version gates). What a test reads elsewhere (data files, the
+package's own source or documentation) is not hidden.
 """
 import ast
 import dataclasses

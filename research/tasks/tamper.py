@@ -44,10 +44,13 @@ _MODULES = {
     # Unpickling runs any callable the data names (exec, an import).
     '_pickle': 'unpickles code', 'dill': 'unpickles code', 'cloudpickle': 'unpickles code',
 }
+# pickle's ways to unpickle, its pure-Python twins included.
+_UNPICKLE = ('loads', 'load', 'Unpickler', '_loads', '_load', '_Unpickler')
 # The same inside packages honest code imports for other things.
 _MEMBERS = {
     'multiprocessing.sharedctypes': 'pokes memory', 'numpy.ctypeslib': 'pokes memory',
-    **dict.fromkeys(['pickle.loads', 'pickle.load', 'pickle.Unpickler'], 'unpickles code'),
+    'multiprocessing.reduction': 'unpickles code',
+    **{f'pickle.{a}': 'unpickles code' for a in _UNPICKLE},
 }
 # Submodules of flagged packages that only read package data.
 _HARMLESS = ('importlib.metadata', 'importlib.resources')
@@ -65,6 +68,7 @@ _ATTRS = {
     'terminalreporter': 'reaches the pytest reporter',
     'get_referrers': 'walks the heap', 'get_referents': 'walks the heap',
     'sharedctypes': 'pokes memory', 'ctypeslib': 'pokes memory',
+    'ForkingPickler': 'unpickles code',
 }
 # Attributes of sys and inspect that are harmless on other objects (self.stack, obj.exit).
 # Reading sys.argv or sys.modules and sys.exit inside a function are common in libraries and
@@ -78,7 +82,7 @@ _QUALIFIED = {
     ('signal', 'pthread_kill'): 'signals processes',
     ('gc', 'get_objects'): 'walks the heap',
     ('pkgutil', 'resolve_name'): 'dynamic import', ('pydoc', 'locate'): 'dynamic import',
-    **{('pickle', a): 'unpickles code' for a in ('loads', 'load', 'Unpickler')},
+    **{('pickle', a): 'unpickles code' for a in _UNPICKLE},
 }
 _NAMES = {
     '__import__': 'dynamic import', 'exec': 'dynamic code', 'eval': 'dynamic code',

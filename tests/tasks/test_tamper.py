@@ -86,6 +86,10 @@ def test_flags_each_construct_once_per_new_use():
       'import pkgutil\npkgutil.resolve_name(s)': 'dynamic import (pkgutil.resolve_name)',
       'import pickle as p\np.loads(data)': 'unpickles code (pickle.loads)',
       'from pickle import Unpickler': 'unpickles code (pickle.Unpickler)',
+      'import pickle\npickle._loads(data)': 'unpickles code (pickle._loads)',
+      'import multiprocessing.reduction as r': 'unpickles code (multiprocessing.reduction)',
+      'from multiprocessing import reduction\nreduction.ForkingPickler.loads(data)':
+          'unpickles code (ForkingPickler)',
   }
   for code, flag in hacks.items():
     assert flag in tamper.scan(None, code), code
