@@ -23,7 +23,10 @@ from absl import logging
 import numpy as np
 
 from experiments import toolcalc_rl
-from research.rl import governance_report, loop, probe, report
+from research.rl import loop
+from research.rl import report
+from research.rl.feedback import probe
+from research.rl.feedback import report as gov_report
 
 RENAME_STEP = 4                     # mul -> times from this RL step on.
 NEW_RULE_STEP = 6                   # renamed_mul registered (the evaluation at 5 is the "before").
@@ -61,7 +64,7 @@ def get_config(arm: str = 'governed', steps: int = STEPS):
   # so close that distilling the second name only slows the first (docs/results.md).
   c.loss.anchor_coef = 3.0
   c.critic.rules = rules
-  c.env.renames = (f'{RENAME_STEP}:*:times',)
+  c.env.toolcalc.renames = (f'{RENAME_STEP}:*:times',)
   g = c.governance
   g.enabled = governed
   g.probes_per_step, g.k = 4, 3
@@ -81,15 +84,15 @@ def _run(arm: str, seed: int, workdir: str, warm: str, steps: int):
   runner.run()
   if not os.path.exists(before):
     shutil.copy(os.path.join(wd, 'eval_before.json'), before)
-  governance_report.write(wd, report.read_metrics(os.path.join(wd, 'metrics.jsonl')),
-                          governance_report.read_log(os.path.join(wd, 'governance.jsonl')))
+  gov_report.write(wd, report.read_metrics(os.path.join(wd, 'metrics.jsonl')),
+                          gov_report.read_log(os.path.join(wd, 'governance.jsonl')))
   _viewer(runner, wd, steps)
 
 
 def _collect(wd: str) -> dict:
   """The numbers of one finished run."""
   rows = report.read_metrics(os.path.join(wd, 'metrics.jsonl'))
-  log = governance_report.read_log(os.path.join(wd, 'governance.jsonl'))
+  log = gov_report.read_log(os.path.join(wd, 'governance.jsonl'))
   with open(os.path.join(wd, 'summary.json')) as f:
     summary = json.load(f)
   evals = {int(r['step']): r['eval_success'] for r in rows if 'eval_success' in r}
@@ -106,11 +109,11 @@ def _collect(wd: str) -> dict:
 
 def _viewer(runner: loop.Runner, wd: str, step: int):
   """workdir/rollouts.html: a fresh batch of the final policy's rollouts, hinted ones first."""
-  ro = runner.rollouts(step, runner.params)
-  records = probe.viewer_records(runner.sampler, runner.params, runner.teacher.params(runner.params), ro.trajs,
+  ro = runner.rollouts(step, runner.state.params)
+  records = probe.viewer_records(runner.sampler, runner.state.params, runner.state.teacher.params(runner.state.params), ro.trajs,
                                  ro.feedback, 12)
   with open(os.path.join(wd, 'rollouts.html'), 'w') as f:
-    f.write(governance_report.viewer_html(records, f'toolcalc after {step} RL steps ({wd})'))
+    f.write(gov_report.viewer_html(records, f'toolcalc after {step} RL steps ({wd})'))
 
 
 def _warm(workdir: str, warm: str) -> str:

@@ -17,8 +17,9 @@ import tempfile
 from absl import app, flags
 
 from research.tasks import redteam
-from research.tasks import sources
+from research.tasks.factory import sources
 from research.tasks import task as task_lib
+from research.tasks import testing
 
 _JSON = flags.DEFINE_string('json', None, 'Where to write the full report.')
 _ATTACKS = flags.DEFINE_list('attacks', None, 'Run only these attacks (default: all).')
@@ -62,8 +63,8 @@ def main(argv):
             for s in _SDISTS.value if s]
   with tempfile.TemporaryDirectory(prefix='redteam-') as tmp:
     work = Path(_WORKDIR.value or tmp)
-    origin, task_dir, _ = redteam.make_fixture_tasks(work, only=None, modes=task_lib.MODES)
-    honest_dirs = [redteam.sdist_tasks(s, work / 'sdists', _MAX_TASKS.value) for s in sdists]
+    origin, task_dir, _ = testing.make_fixture_tasks(work, only=None, modes=task_lib.MODES)
+    honest_dirs = [testing.sdist_tasks(s, work / 'sdists', _MAX_TASKS.value) for s in sdists]
     report = redteam.run(origin, task_dir, _ATTACKS.value, workers=_WORKERS.value,
                          honest_dirs=honest_dirs)
   report['sdists'] = [s.name for s in sdists]

@@ -6,10 +6,10 @@ python -m experiments.repo_env_check --json=/tmp/repo_env_check.json [--sdists=i
 
 Writes {"oracle": {"episodes", "success"}, "attacks": {"episodes", "rewarded", "flagged", ...},
 "env_time_ratio", ...}:
-- oracle: research/rl/repo_oracle.py's calls on every fixture task (all modes) and on up to
+- oracle: research/rl/envs/repo/oracle.py's calls on every fixture task (all modes) and on up to
   `max_tasks` tasks made from each real sdist (fetched as experiments/redteam.py does); success is the
   fraction that earned reward 1.
-- attacks: every attack of the red team (research/tasks/attacks/) delivered through the tools: its
+- attacks: every attack of the red team (research/tasks/redteam/attacks/) delivered through the tools: its
   script runs in the policy sandbox as in the red team, and the files it wrote become create /
   str_replace / rm calls (repo_oracle.edit_calls), then submit. Text an attack smuggles into a
   hand-written diff cannot go through the tools (the environment diffs the work area itself), so it
@@ -33,12 +33,14 @@ from absl import app, flags
 import numpy as np
 
 from experiments import redteam as redteam_exp
-from research.rl import env_repo, repo_oracle
-from research.rl import repo_tools as tools
-from research.rl.env import Step
-from research.tasks import pool as pool_lib
+from research.rl.envs.repo import env as env_repo
+from research.rl.envs.repo import oracle as repo_oracle
+from research.rl.envs.repo import calls
+from research.rl.envs.base import Step
+from research.tasks.grading import pool as pool_lib
 from research.tasks import redteam
 from research.tasks import task as task_lib
+from research.tasks import testing
 
 # The red team's flags (experiments/redteam.py: --json, --attacks, --sdists, --sdist_cache,
 # --max_tasks, --workers) mean the same here; the defaults are one sdist and fewer tasks.
@@ -49,7 +51,7 @@ FLAGS.set_default('workers', os.cpu_count() or 1)
 _BATCH = flags.DEFINE_integer('batch', 16, 'Episodes stepped at once.')
 _PARTS = flags.DEFINE_list('parts', ['oracle', 'attacks', 'time'], 'Which checks to run.')
 
-CHATML = tools.FORMATS['chatml']
+CHATML = calls.FORMATS['chatml']
 
 
 def _step(method, arg: str) -> Step | str:
@@ -90,7 +92,7 @@ def in_batches(env: env_repo.RepoEnv, tasks, scripts, batch: int) -> tuple[list[
 
 def oracle_scripts(env: env_repo.RepoEnv) -> list[list[str]]:
   solutions = task_lib.read_solutions(env.task_dir)
-  return [[CHATML.render(c) for c in repo_oracle.calls(t, solutions[t.id], env.task_dir / t.tree)]
+  return [[CHATML.render(c) for c in repo_oracle.solution_calls(t, solutions[t.id], env.task_dir / t.tree)]
           for t in env.tasks]
 
 
@@ -146,10 +148,10 @@ def time_ratios(task_dir: Path, batch: int, workers: int) -> dict:
 def attack_script(a, task: task_lib.Task, task_dir: Path, info: dict, slot: int) -> list[str]:
   """The attack's files, written by its script in the policy sandbox, as tool calls and a submit."""
   diff, output = redteam.run_policy(task, task_dir, a.script, info, slot=slot)
-  smuggled = redteam._result(output).get('smuggled', '')  # Not expressible through the tools.
+  smuggled = redteam.result(output).get('smuggled', '')  # Not expressible through the tools.
   diff = diff.replace(smuggled, '', 1) if smuggled else diff
   calls = repo_oracle.edit_calls(diff, task_dir / task.tree)
-  return [CHATML.render(c) for c in calls] + [CHATML.render(tools.Call('submit', {}))]
+  return [CHATML.render(c) for c in calls] + [CHATML.render(calls.Call('submit', {}))]
 
 
 def attacks(task_dir: Path, origin: Path, names, batch: int, workers: int, log) -> dict:
@@ -179,17 +181,17 @@ def checks(work: Path, parts: list[str], workers: int) -> dict:
   tasks with visible tests (so the oracle's `run` runs them: the costly turn)."""
   report = {}
   if {'oracle', 'attacks'} & set(parts):
-    origin, fixture_dir, _ = redteam.make_fixture_tasks(work, only=None, modes=task_lib.MODES, log=print)
+    origin, fixture_dir, _ = testing.make_fixture_tasks(work, only=None, modes=task_lib.MODES, log=print)
   if 'oracle' in parts:
     sdists = [Path(s) if s.endswith('.tar.gz') else redteam_exp.fetch_sdist(s, Path(FLAGS.sdist_cache))
               for s in FLAGS.sdists if s]
-    dirs = [fixture_dir] + [redteam.sdist_tasks(s, work / 'sdists', FLAGS.max_tasks, log=print) for s in sdists]
+    dirs = [fixture_dir] + [testing.sdist_tasks(s, work / 'sdists', FLAGS.max_tasks, log=print) for s in sdists]
     pool = pool_lib.GraderPool(workers)
     report['oracle'] = oracle([env_repo.RepoEnv(d / 'tasks.jsonl', pool) for d in dirs], _BATCH.value, print)
   if 'attacks' in parts:
     report['attacks'] = attacks(fixture_dir, origin, FLAGS.attacks, _BATCH.value, workers, print)
   if 'time' in parts:
-    _, visible_dir, _ = redteam.make_fixture_tasks(work / 'visible', only=None, modes=task_lib.MODES,
+    _, visible_dir, _ = testing.make_fixture_tasks(work / 'visible', only=None, modes=task_lib.MODES,
                                                    log=print, visible_tests=True)
     report.update(time_ratios(visible_dir, _BATCH.value, workers))
   return report

@@ -1,4 +1,4 @@
-"""Targeted-feedback RL on repository tasks (research/rl/env_repo.py) with a tiny model on the CPU:
+"""Targeted-feedback RL on repository tasks (research/rl/envs/repo/env.py) with a tiny model on the CPU:
 a warm start on the oracle's episodes and their hint-conditioned variants, then RL with drift.
 
 python -m launch.rl --config=experiments/repo_rl.py --workdir=/tmp/repo_rl
@@ -17,11 +17,11 @@ what it can learn here is the tools' syntax and the workflow (view, edit, run th
 import ml_collections
 
 from research import configs
-from research.rl import loop
+from research.rl import config as rl_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = configs.to_config_dict(loop.RLExperimentConfig())
+  c = configs.to_config_dict(rl_config.RLExperimentConfig())
   c.env.name = 'repo'
   c.env.word_tokens = True          # env_repo.WORDS: tool and argument names, one token each.
   c.env.repo.max_turns = 6          # view, edits, run, submit.

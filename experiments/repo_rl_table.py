@@ -28,18 +28,19 @@ import jax
 import numpy as np
 
 from experiments import repo_rl
-from research.rl import env_repo, loop
-from research.rl import repo_tools as tools
-from research.rl.trajectory import Trajectory
-from research.tasks import redteam
+from research.rl.envs.repo import env as env_repo
+from research.rl import loop
+from research.rl.envs.repo import calls
+from research.rl.rollout.trajectory import Trajectory
+from research.tasks import testing
 
 ARMS = {'feedback': 1.0, 'outcome': 0.0}  # name -> loss.distill_coef
 
 
 def _called(text: str, call_format: str) -> str | None:
   try:
-    return tools.FORMATS[call_format].parse(text).name
-  except tools.CallError:
+    return calls.FORMATS[call_format].parse(text).name
+  except calls.CallError:
     return None
 
 
@@ -77,9 +78,9 @@ def base_config(workdir: str, sft_steps: int, rl_steps: int):
   c.rl.steps = rl_steps or c.rl.steps
   task_file = Path(workdir, 'tasks', 'tasks', 'tasks.jsonl')
   if not task_file.exists():
-    redteam.make_fixture_tasks(task_file.parent.parent, only=redteam.TARGETS, log=lambda _: None,
+    testing.make_fixture_tasks(task_file.parent.parent, only=testing.TARGETS, log=lambda _: None,
                                modes=('body', 'function', 'feature'), visible_tests=True)
-  c.env.tasks = str(task_file)
+  c.env.repo.tasks = str(task_file)
   return c
 
 
@@ -101,7 +102,7 @@ def run(base, workdir: str, seeds: int, arms: list[str], eval_warm: bool, save) 
       c.seed, c.init_checkpoint, c.loss.distill_coef = seed, warm, ARMS[arm]
       runner = loop.Runner(c, os.path.join(workdir, f'seed{seed}', arm))
       runner.run()
-      out['arms'].setdefault(arm, {})[seed] = evaluate(runner, runner.params, seed)
+      out['arms'].setdefault(arm, {})[seed] = evaluate(runner, runner.state.params, seed)
       out['seconds'][f'{arm}/{seed}'] = time.time() - t0
       save(out)
   return out

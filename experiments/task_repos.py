@@ -3,17 +3,17 @@
 python -m launch.make_tasks --repos=experiments/task_repos.txt --out=/tmp/taskset \
     --runner=DirectRunner --workers=2 --max_candidates=12
 
-A profile pins what a repository's metadata leaves open (research/tasks/envs.py builds the
+A profile pins what a repository's metadata leaves open (research/tasks/factory/venvs.py builds the
 environment from the metadata first); keys are canonical distribution names.
 """
-from research.tasks import envs
+from research.tasks.factory import venvs
 
 PROFILES = {
     # tests/conftest.py implements pytest_ignore_collect(path, config): py.path hook arguments,
     # which pytest 9 refuses; its tox.ini names a requirements file the sdist does not ship.
-    'boltons': envs.Profile.from_dict({'requirements': ['pytest==7.4.4']}),
+    'boltons': venvs.Profile.from_dict({'requirements': ['pytest==7.4.4']}),
 }
 
 
-def get_config() -> dict[str, envs.Profile]:
+def get_config() -> dict[str, venvs.Profile]:
   return PROFILES

@@ -18,7 +18,8 @@ from absl import app, flags, logging
 import numpy as np
 
 from experiments import toolcalc_rl
-from research.rl import loop, report
+from research.rl import loop
+from research.rl import report
 
 ARMS = {  # name -> (pg_coef, distill_coef)
     'outcome_only': (1.0, 0.0),

@@ -4,18 +4,18 @@ python -m launch.rl --config=experiments/toolcalc_rl.py --workdir=/tmp/toolcalc_
 python -m launch.rl --config=experiments/toolcalc_rl.py --workdir=/tmp/outcome_only \
     --config.loss.distill_coef=0 --config.init_checkpoint=/tmp/toolcalc_rl
 
-Every field of research/rl/loop.py's RLExperimentConfig is here (docs/training.md lists them), so
+Every field of research/rl/config.py's RLExperimentConfig is here (docs/training.md lists them), so
 any of them can be set from the command line; below are only the ones that differ from the defaults.
 """
 
 import ml_collections
 
 from research import configs
-from research.rl import loop
+from research.rl import config as rl_config
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = configs.to_config_dict(loop.RLExperimentConfig())
+  c = configs.to_config_dict(rl_config.RLExperimentConfig())
 
   m = c.model
   m.vocab_size = 280                # ByteTokenizer: 256 bytes + 8 specials + 10 tool words, padded.

@@ -15,7 +15,9 @@ import time
 
 from absl import app, flags
 
-from research.hf import config_map, convert, weights
+from research.hf import config_map
+from research.hf import convert
+from research.hf import weights
 
 _FROM_HF = flags.DEFINE_string('from_hf', None, 'Hugging Face folder to import (config.json + safetensors).')
 _TO = flags.DEFINE_string('to', None, 'Orbax checkpoint directory to write (import).')

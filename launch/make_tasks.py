@@ -5,7 +5,7 @@ python -m launch.make_tasks --repo=PATH --out=DIR [--format=arrayrecord] [--max_
     [--modes=body,function,feature] [--site_dir=DIR ...] [--visible_tests] [--max_twins=4]
 
 Many repositories (sdists NAME==VERSION, .tar.gz paths, git URLs, directories; one a line), each in
-its own environment, as an Apache Beam pipeline (research/tasks/beam_pipeline.py):
+its own venv, as an Apache Beam pipeline (research/tasks/factory/beam.py):
 python -m launch.make_tasks --repos=experiments/task_repos.txt --out=DIR --runner=DirectRunner \
     [--workers=2] [--max_candidates=N] [--cache=~/.cache/research-envs] [--wheelhouse=DIR] \
     [--beam_option=--project=P ...]
@@ -41,8 +41,8 @@ _MAX_TWINS = flags.DEFINE_integer('max_twins', 4, 'Mutant twins planted per grad
 _RUNNER = flags.DEFINE_string('runner', 'DirectRunner', 'Beam runner (--repos).')
 _WORKERS = flags.DEFINE_integer('workers', os.cpu_count(), 'DirectRunner worker processes.')
 _CACHE = flags.DEFINE_string('cache', str(Path.home() / '.cache/research-envs'),
-                             'Fetched sources and per-repository environments.')
-_WHEELHOUSE = flags.DEFINE_string('wheelhouse', None, 'Build environments offline from here.')
+                             'Fetched sources and per-repository venvs.')
+_WHEELHOUSE = flags.DEFINE_string('wheelhouse', None, 'Build venvs offline from here.')
 _SHARDS = flags.DEFINE_integer('shards', 4, 'ArrayRecord shards of the task set (--repos).')
 _BEAM_OPTIONS = flags.DEFINE_multi_string('beam_option', [], 'Passed to Beam, e.g. --project=P.')
 flags.mark_flags_as_required(['out'])
@@ -51,12 +51,12 @@ flags.mark_flags_as_mutual_exclusive(['repo', 'repos'], required=True)
 
 def _pipeline(settings: factory.Settings) -> None:
   from apache_beam.options import pipeline_options  # Only the pipeline needs Beam.
-  from research.tasks import beam_pipeline
-  from research.tasks import sources
+  from research.tasks.factory import beam
+  from research.tasks.factory import sources
   if _MAX_TASKS.value is not None:
     raise app.UsageError('--max_tasks stops at an order-dependent point; with --repos use '
                          '--max_candidates (a seeded sample per repository)')
-  opts = beam_pipeline.Options(
+  opts = beam.Options(
       out=str(Path(_OUT.value).resolve()), cache=str(Path(_CACHE.value).expanduser().resolve()),
       settings=settings, profiles=task_repos.get_config(), wheelhouse=_WHEELHOUSE.value,
       max_candidates=_MAX_CANDIDATES.value, shards=_SHARDS.value)
@@ -64,7 +64,7 @@ def _pipeline(settings: factory.Settings) -> None:
   options = pipeline_options.PipelineOptions(
       _BEAM_OPTIONS.value, runner=_RUNNER.value, direct_num_workers=_WORKERS.value,
       direct_running_mode='multi_processing')
-  seconds = beam_pipeline.run(sources.read_list(Path(_REPOS.value)), opts, options)
+  seconds = beam.run(sources.read_list(Path(_REPOS.value)), opts, options)
   print(f'pipeline wall seconds: {seconds:.1f}')
 
 

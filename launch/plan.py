@@ -31,7 +31,8 @@ from ml_collections import config_flags
 
 from research import configs
 from research.model import config as model_config
-from research.model import stats, transformer
+from research.model import stats
+from research.model import transformer
 from research.optim import exchange as exchange_lib
 from research.optim import plan as optim_plan
 from research.parallel import mesh as mesh_lib

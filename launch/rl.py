@@ -16,7 +16,8 @@ import jax
 from ml_collections import config_flags
 
 from launch import processes
-from research.rl import loop, report
+from research.rl import loop
+from research.rl import report
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for metrics.jsonl, checkpoints and the plot.')

@@ -16,3 +16,27 @@ for _flag in ('--xla_force_host_platform_device_count=8', *COMPILE_FLAGS):
   if _flag.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+
+# The slowest test files first (their seconds on 2 cores, docs/benchmarks.md "The suite"): with
+# `--dist loadfile` a long file handed out last runs alone at the end while the other worker idles.
+SLOWEST_FIRST = (
+    'tests/model/test_kernels.py',       # 132 s
+    'tests/tasks/test_redteam.py',       # 126 s
+    'tests/rl/test_rl_multihost.py',     # 79 s
+    'tests/rl/test_env_repo.py',         # 75 s
+    'tests/tasks/test_seal.py',          # 74 s
+    'tests/rl/test_repo_rl.py',          # 71 s
+    'tests/tasks/test_beam_pipeline.py', # 64 s
+    'tests/tasks/test_factory.py',       # 55 s
+    'tests/parallel/test_multihost.py',  # 49 s
+    'tests/rl/test_loop.py',             # 48 s
+    'tests/model/test_sharding.py',      # 48 s
+    'tests/train/test_resume.py',        # 45 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {f: i for i, f in enumerate(SLOWEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.nodeid.split('::', 1)[0], len(rank)))  # Stable.

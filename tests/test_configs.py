@@ -12,11 +12,11 @@ from ml_collections import config_flags
 
 from experiments import tiny_moe, toolcalc_rl
 from research import configs
-from research.rl import loop as rl_loop
+from research.rl import config as rl_config
 from research.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPERIMENTS = [(loop.ExperimentConfig, tiny_moe), (rl_loop.RLExperimentConfig, toolcalc_rl)]
+EXPERIMENTS = [(loop.ExperimentConfig, tiny_moe), (rl_config.RLExperimentConfig, toolcalc_rl)]
 
 
 def _fields(cls, prefix=''):
@@ -38,7 +38,7 @@ def test_experiment_files_hold_every_field(cls, module):
       node = node[part]
 
 
-@pytest.mark.parametrize('cls', [loop.ExperimentConfig, rl_loop.RLExperimentConfig])
+@pytest.mark.parametrize('cls', [loop.ExperimentConfig, rl_config.RLExperimentConfig])
 def test_round_trip_dataclass_config_dict_json(cls):
   default = cls()
   assert configs.from_dict(cls, configs.to_config_dict(default)) == default
@@ -47,7 +47,7 @@ def test_round_trip_dataclass_config_dict_json(cls):
       default, seed=3, model=dataclasses.replace(default.model, dtype='bfloat16'),
       optimizer=dataclasses.replace(default.optimizer, muon=dataclasses.replace(
           default.optimizer.muon, spread_axes=('fsdp',), ns_dtype='bfloat16')))
-  if cls is rl_loop.RLExperimentConfig:
+  if cls is rl_config.RLExperimentConfig:
     changed = dataclasses.replace(changed, sampler=dataclasses.replace(changed.sampler, stop_seqs=((1, 2), (3,))))
   back = configs.from_dict(cls, json.loads(json.dumps(configs.to_dict(changed))))
   assert back == changed and back != default
@@ -58,7 +58,7 @@ def test_round_trip_dataclass_config_dict_json(cls):
     (loop.ExperimentConfig, tiny_moe, 'optimizer.muon.foo'),
     (loop.ExperimentConfig, tiny_moe, 'model.num_expertz'),
     (loop.ExperimentConfig, tiny_moe, 'trian'),
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'sft.optimizer.muon.bar'),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'sft.optimizer.muon.bar'),
 ])
 def test_unknown_key_is_named_by_its_dotted_path(cls, module, key):
   d = module.get_config().to_dict()
@@ -79,12 +79,12 @@ def test_unknown_key_is_named_by_its_dotted_path(cls, module, key):
     (loop.ExperimentConfig, tiny_moe, 'checkpoint.best_mode', 'lowest'),
     (loop.ExperimentConfig, tiny_moe, 'model.router', 'relu'),
     (loop.ExperimentConfig, tiny_moe, 'train.profile_start', 10**6),  # Past the run's last step.
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'sft.optimizer.name', 'lion'),
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'loss.gate', 'sometimes'),
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'teacher.kind', 'oracle'),
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'critic.rules', ('unknown_tool', 'vibes')),
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'sampler.top_p', 0.0),
-    (rl_loop.RLExperimentConfig, toolcalc_rl, 'env.tools', 'all'),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'sft.optimizer.name', 'lion'),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'loss.gate', 'sometimes'),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'teacher.kind', 'oracle'),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'critic.rules', ('unknown_tool', 'vibes')),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'sampler.top_p', 0.0),
+    (rl_config.RLExperimentConfig, toolcalc_rl, 'env.toolcalc.tools', 'all'),
 ])
 def test_bad_value_is_named(cls, module, key, value):
   c = module.get_config()
@@ -121,7 +121,7 @@ def test_launch_train_names_a_bad_override(tmp_path):
 def test_docs_list_every_field():
   with open(os.path.join(REPO, 'docs', 'training.md')) as f:
     doc = f.read()
-  for cls in (loop.ExperimentConfig, rl_loop.RLExperimentConfig):
+  for cls in (loop.ExperimentConfig, rl_config.RLExperimentConfig):
     missing = [n for n in _fields(cls) if f'`{n}`' not in doc and f'`{n.rsplit(".", 1)[-1]}`' not in doc]
     assert not missing, f'docs/training.md does not describe {missing}'
 

@@ -27,7 +27,9 @@ import numpy as np
 import psutil
 from absl import app, flags
 
-from research.hf import config_map, convert, weights
+from research.hf import config_map
+from research.hf import convert
+from research.hf import weights
 from research.hf import safetensors_io as st
 from research.model.config import ModelConfig
 

@@ -19,9 +19,9 @@ from absl import app, flags
 from apache_beam.options import pipeline_options
 
 from experiments import task_repos
-from research.tasks import beam_pipeline
+from research.tasks.factory import beam
 from research.tasks import factory
-from research.tasks import sources
+from research.tasks.factory import sources
 from research.tasks import task as task_lib
 
 _REPOS = flags.DEFINE_string('repos', 'experiments/task_repos.txt', 'Repositories file.')
@@ -35,11 +35,11 @@ _JSON = flags.DEFINE_string('json', None, 'Also write the report here.')
 def _run(repos: list[sources.Source], workers: int) -> dict:
   out = Path(_OUT.value) / f'workers{workers}'
   shutil.rmtree(out, ignore_errors=True)
-  opts = beam_pipeline.Options(
+  opts = beam.Options(
       out=str(out), cache=_CACHE.value, settings=factory.Settings(),
       profiles=task_repos.get_config(), max_candidates=_MAX_CANDIDATES.value)
   load = os.getloadavg()[0]
-  seconds = beam_pipeline.run(repos, opts, pipeline_options.PipelineOptions(
+  seconds = beam.run(repos, opts, pipeline_options.PipelineOptions(
       runner='DirectRunner', direct_num_workers=workers, direct_running_mode='multi_processing'))
   stats = json.loads((out / 'summary.json').read_text())
   tried = sum(r['tried'] for r in stats['repos'].values())

@@ -57,7 +57,10 @@ from jax.experimental import topologies
 from experiments.benchmarks import gpu_kernels
 from experiments.benchmarks import muon as muon_bench
 from experiments.benchmarks import trees
-from research.model import attention, kernels, moe, transformer
+from research.model import attention
+from research.model import kernels
+from research.model import moe
+from research.model import transformer
 from research.model.config import ModelConfig
 from research.model.layers import materialize
 from research.optim import hlo_stats

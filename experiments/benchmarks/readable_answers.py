@@ -3,7 +3,7 @@
 python -m experiments.benchmarks.readable_answers --tasks=DIR [--json=FILE]
 
 DIR is a task set written by `launch.make_tasks`. Each task's grading tree is planted as grading
-plants it (twins, value checks, seals: research/tasks/grading.py step 4), and the string constants
+plants it (twins, value checks, seals: research/tasks/grading/grader.py step 4), and the string constants
 of every test file in it are collected. An F2P test's answers are the literals its sealed asserts
 (or its case's sealed argument) expect, strings of at least --min_chars characters; one is
 readable when it is such a constant. A readable answer sits in no assert and in no list beside its
@@ -23,9 +23,9 @@ import random
 import tempfile
 
 from research.tasks import grading
-from research.tasks import isolation
+from research.tasks.grading import isolation
 from research.tasks import layout
-from research.tasks import seal
+from research.tasks.grading import seal
 from research.tasks import task as task_lib
 
 
@@ -46,18 +46,18 @@ def _constants(tree: Path, min_chars: int) -> set[str]:
 
 def task_report(directory: Path, t: task_lib.Task, min_chars: int, seed: int) -> dict:
   """Counts of one task's F2P string answers and tests, planted with `seed`: in the planted test
-  files, and (`*_in_run`) in those of the run that holds the test (research/tasks/isolation.py)."""
+  files, and (`*_in_run`) in those of the run that holds the test (research/tasks/grading/isolation.py)."""
   rng = random.Random(seed)
   with tempfile.TemporaryDirectory(prefix='readable-') as scratch:
     work = Path(scratch) / 'tree'
     layout.copy_tree(directory / t.grading_tree, work)
-    _, planted, sealing = grading.plant(t, work, rng)
+    planted = grading.plant_checks(t, work, rng)
     everywhere = _constants(work, min_chars)
-    parts = isolation.split(t.fail_to_pass, t.test_files, work, sealing, planted, Path(scratch))
+    parts = isolation.split(t.fail_to_pass, t.test_files, work, planted.sealing, planted.twins, Path(scratch))
     alone = {f: _constants(p.tree, min_chars) for p in parts[1:] for f in p.functions}
     main = _constants(work, min_chars)
   answers = collections.defaultdict(set)
-  for e in sealing.expect.values():
+  for e in planted.sealing.expect.values():
     for n in t.fail_to_pass:
       if e.of(n) and isinstance(e.value, str) and len(e.value) >= min_chars:
         answers[n].add(e.value)

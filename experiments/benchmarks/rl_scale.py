@@ -31,11 +31,15 @@ import optax
 
 from experiments import toolcalc_rl
 from research import configs
-from research.model import attention, moe, transformer
+from research.model import attention
+from research.model import moe
+from research.model import transformer
 from research.parallel import distributed
 from research.parallel import mesh as mesh_lib
 from research.rl import loop
 from research.train import step as step_lib
+from research.rl import config as rl_config
+from research.rl.update import objective
 
 
 def tiny(mesh: str = 'data:1') -> ml_collections.ConfigDict:
@@ -45,7 +49,7 @@ def tiny(mesh: str = 'data:1') -> ml_collections.ConfigDict:
   m.d_model, m.head_dim, m.num_heads, m.num_kv_heads, m.d_expert, m.num_experts = 32, 16, 2, 1, 32, 4
   c.rl.tasks_per_step, c.rl.group_size, c.rl.max_targets, c.sampler.record_routes = 4, 2, 8, True
   c.sampler.max_turns, c.sampler.max_turn_tokens, c.sampler.max_len = 3, 12, 96
-  c.env.max_ops, c.tensorboard, c.mesh = 1, False, mesh
+  c.env.toolcalc.max_ops, c.tensorboard, c.mesh = 1, False, mesh
   c.critic.rules = ('unknown_tool', 'wrong_tool', 'malformed_call')  # An untrained model is malformed.
   return c
 
@@ -77,10 +81,10 @@ def sharded(workdir: str, mesh: str = 'data:2,fsdp:2,expert:2') -> dict:
 def update_program(cfg, context: int, chunk: int, targets: int = 4, span: int = 256):
   """One RL update (1 trajectory of `context` tokens, anchor and routes on): (jitted step, abstract
   state, abstract batch, trainer)."""
-  lc = loop.LossConfig(logit_chunk=chunk)
+  lc = rl_config.LossConfig(logit_chunk=chunk)
   trainer = step_lib.Trainer(cfg, optax.adamw(1e-3), mesh_lib.make_mesh({'data': 1}))
   fn = functools.partial(step_lib.train_step, cfg=cfg, tx=trainer.tx,
-                         loss=functools.partial(loop.objective, lc=lc, temperature=1.0))
+                         loss=functools.partial(objective.objective, lc=lc, temperature=1.0))
   sds = jax.ShapeDtypeStruct
   params = jax.eval_shape(lambda: transformer.init(cfg, jax.random.key(0)))
   state = step_lib.TrainState(sds((), jnp.int32), params, jax.eval_shape(trainer.tx.init, params))
@@ -111,7 +115,7 @@ WIDE = dict(vocab_size=32768, d_model=2048, num_layers=8, num_heads=16, num_kv_h
 
 def gpu_update(context: int, chunk: int, shape: dict = WIDE) -> dict:
   """Seconds of one RL update of one `context`-token trajectory on the toolcalc model reshaped."""
-  cfg = dataclasses.replace(configs.from_dict(loop.RLExperimentConfig, toolcalc_rl.get_config()).model, **shape)
+  cfg = dataclasses.replace(configs.from_dict(rl_config.RLExperimentConfig, toolcalc_rl.get_config()).model, **shape)
   step, state, batch, trainer = update_program(cfg, context, chunk)
   rng = np.random.default_rng(0)
 
@@ -142,7 +146,7 @@ def gpu_update(context: int, chunk: int, shape: dict = WIDE) -> dict:
 def memory(contexts: list[int], chunk: int) -> dict:
   """chunked: logit_chunk positions at a time, blockwise attention; current: the whole sequence's
   logits and XLA's dense attention (the path before issue 14)."""
-  cfg = configs.from_dict(loop.RLExperimentConfig, toolcalc_rl.get_config()).model
+  cfg = configs.from_dict(rl_config.RLExperimentConfig, toolcalc_rl.get_config()).model
   paths = {'chunked': (dataclasses.replace(cfg, attention_impl='blockwise'), chunk),
            'current': (dataclasses.replace(cfg, attention_impl='xla'), 0)}
   out = {}
@@ -210,13 +214,13 @@ def main():
     out.update(sharded(os.path.join(a.workdir, 'sharded')))
     print({k: out[k] for k in ('rollouts_identical', 'sharded_max_abs_diff')}, flush=True)
   if 'memory' in parts:
-    out.update(memory([int(n) for n in a.contexts.split(',')], loop.LossConfig().logit_chunk))
+    out.update(memory([int(n) for n in a.contexts.split(',')], rl_config.LossConfig().logit_chunk))
   if 'async' in parts:
     out.update(pipeline(os.path.join(a.workdir, 'async'), a.seeds, a.steps, a.sft_steps, a.eval_tasks,
                         a.init_checkpoint))
     print({k: out[k] for k in ('async_speedup', 'final_success')}, flush=True)
   if 'gpu_update' in parts:
-    out.update(gpu_update(a.gpu_context, loop.LossConfig().logit_chunk))
+    out.update(gpu_update(a.gpu_context, rl_config.LossConfig().logit_chunk))
     print(out['gpu_update'], flush=True)
   if a.json:
     with open(a.json, 'w') as f:

@@ -4,7 +4,7 @@ python -m experiments.benchmarks.rl_step --json=/tmp/rl_step.json
 python -m experiments.benchmarks.rl_step --init_checkpoint=/tmp/toolcalc_rl   # reuse a warm start
 
 1. Tokens/s generating 256 new tokens for a batch, side by side in one run: the sampler's cached
-   decode loop (research/rl/sampler.py `generate`) vs a loop that recomputes the full forward over
+   decode loop (research/rl/rollout/sampler.py `generate`) vs a loop that recomputes the full forward over
    the whole buffer for every new token. Same model, batch, sampling; compile time excluded.
 2. An RL step on toolcalc (experiments/toolcalc_rl.py), split into sampling, environment, critic,
    teacher pass and update; means over steps after the first two (which compile).
@@ -23,9 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import toolcalc_rl
-from research.model import decode, transformer
+from research.model import decode
+from research.model import transformer
 from research.model.config import ModelConfig
-from research.rl import loop, sampler as sampler_lib, sft
+from research.rl import loop
+from research.rl.rollout import sampler as sampler_lib
+from research.rl import sft
 
 _JSON = flags.DEFINE_string('json', None, 'Also write the numbers here.')
 _BATCH = flags.DEFINE_integer('batch', 8, 'Rows generated at once.')
@@ -99,7 +102,7 @@ def bench_rl_step(steps: int, init: str, workdir: str, sft_steps: int) -> dict:
 def bench_sft_packing(steps: int = 200) -> dict:
   c = toolcalc_rl.get_config()
   runner = loop.Runner(c, _WORKDIR.value)
-  demos, rng, seq = loop._demos(runner.c), np.random.default_rng(0), c.sampler.max_len
+  demos, rng, seq = runner.env.demonstrations(c.sft.hint_fraction), np.random.default_rng(0), c.sampler.max_len
   packed = one_per_row = 0
   for _ in range(steps):
     convs = demos(rng, c.sft.batch_size)

@@ -14,8 +14,8 @@ from pathlib import Path
 from absl import app, flags
 
 from research.tasks import factory
-from research.tasks import fixtures
-from research.tasks import pool
+from research.tasks import testing
+from research.tasks.grading import pool
 from research.tasks import sandbox
 from research.tasks import task as task_lib
 
@@ -40,7 +40,7 @@ def _startup(argv: list[str], isolate: bool, n: int) -> float:
 def main(argv):
   del argv
   with tempfile.TemporaryDirectory(prefix='throughput-') as tmp:
-    fx = fixtures.write_fixture(Path(tmp) / 'fixture')
+    fx = testing.write_fixture(Path(tmp) / 'fixture')
     out = Path(tmp) / 'tasks'
     factory.make_tasks(fx.repo, out, site_dirs=(str(fx.site),), progress=False)
     tasks = task_lib.read(out / 'tasks.jsonl')

@@ -20,7 +20,7 @@ from absl import app, flags
 
 from research.tasks import factory
 from research.tasks import layout
-from research.tasks import tamper
+from research.tasks.grading import tamper
 from research.tasks import task as task_lib
 
 LIBRARIES = ('absl', 'attr', 'click', 'dateutil', 'etils', 'humanize', 'jinja2', 'markdown_it',
@@ -53,7 +53,7 @@ def measure(package: Path, modes: tuple[str, ...] = task_lib.MODES) -> LibraryRe
     covered = {f: dict.fromkeys(range(1, len((tree / f).read_bytes().splitlines()) + 2), {'t'})
                for f in files}
     summary = factory.Summary(package.name)
-    cands = factory._candidates(tree, [package.name], covered, factory.Settings(modes=modes),
+    cands = factory.list_candidates(tree, [package.name], covered, factory.Settings(modes=modes),
                                 summary, lambda *_: None)
     result.candidates = len(cands)
     originals = {}  # file -> (source, findings): one parse of each original.
@@ -64,7 +64,7 @@ def measure(package: Path, modes: tuple[str, ...] = task_lib.MODES) -> LibraryRe
         originals[cand.file] = source, tamper.constructs(source)
       source, after = originals[cand.file]
       try:
-        factory._delete(tree, cand)
+        factory.delete(tree, cand)
       except factory.Rejected:
         result.not_deletable += 1
         continue

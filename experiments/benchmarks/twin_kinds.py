@@ -24,12 +24,12 @@ value twin's lines (whose calls pass `True` to count, then `copies`), `line_obje
 with an object that is no builtin, and `guess` as `line_object` with an object that says yes to the
 first value it is shown and then only to values equal to that one. `reader` returns the literal the
 calling assert expects, read from the graded test file, except in a test that looks like a mutated
-copy of another (the red team's `expectation_reader`). `cases` (forging.CASES) also knows its own
+copy of another (the red team's `expectation_reader`). `cases` (readers.CASES) also knows its own
 arguments (`_args`, bound first) and reads the calling test's parametrize cases for the one they
 pick, or a round trip through the module's other cases; `reader` where the assert has a literal.
-`inverse` (forging.INVERSE) knows no answer but the test files' strings: it returns the one that
+`inverse` (readers.INVERSE) knows no answer but the test files' strings: it returns the one that
 another function of its module maps back to its argument (a round trip's other half);
-`keyring` (forging.KEYRING) the same, pooling the strings of every run of a grading in the uid's
+`keyring` (readers.KEYRING) the same, pooling the strings of every run of a grading in the uid's
 kernel keyring (which the sandbox's seccomp filter denies; the static scanner flags its ctypes).
 --together grades with every test in one run (grading.grade's `alone=False`), as graders before
 isolated runs did; --no_seccomp without the sandbox's seccomp filter (what `keyring` needs).
@@ -48,13 +48,13 @@ import struct
 import tempfile
 from unittest import mock
 
-from research.tasks import deletion
+from research.tasks.factory import deletion
 from research.tasks import patch as patch_lib
-from research.tasks import pool
+from research.tasks.grading import pool
 from research.tasks import sandbox
 from research.tasks import task as task_lib
-from research.tasks import twins
-from research.tasks.attacks import forging
+from research.tasks.grading import twins
+from research.tasks.redteam.attacks import readers
 
 # The forgers' bodies, indented like the stub they replace.
 _SAME_CLASS = ('class _Same(list):\n  def __eq__(self, other):\n'
@@ -82,16 +82,16 @@ FORGERS = {
     # shown and then only to values equal to that one.
     'guess': _GUESS_CLASS + _LINE + "return [] if ', True, ' in line else _Guess()\n",
     # Returns the literal the calling assert expects, read from the graded test file, sparing
-    # what looks like a mutated copy of another test (research/tasks/attacks/forging.py).
-    'reader': forging.READER,
+    # what looks like a mutated copy of another test (research/tasks/redteam/attacks/readers.py).
+    'reader': readers.READER,
     # Reads the calling test's parametrize cases for the one its own arguments pick (or a round
     # trip through the module's other cases); READER where the assert has a literal.
-    'cases': forging.CASES,
+    'cases': readers.CASES,
     # Tries the test files' strings through the module's other functions for one that maps back
     # to its argument (an answer another test holds).
-    'inverse': forging.INVERSE,
+    'inverse': readers.INVERSE,
     # INVERSE over the strings every run of the grading left in the uid's kernel keyring.
-    'keyring': forging.KEYRING,
+    'keyring': readers.KEYRING,
 }
 # Forgers that read their own arguments: `_forged` binds `_args` to them first.
 WITH_ARGS = ('cases', 'inverse', 'keyring')
@@ -103,7 +103,7 @@ def _kind(tree: Path, site: twins.Site) -> str:
     dst = Path(tmp) / site.file
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes((tree / site.file).read_bytes())
-    twin, = twins.plant(Path(tmp), [site], random.Random(0))
+    twin, = twins.plant_twins(Path(tmp), [site], random.Random(0))
   return twin.kind
 
 
@@ -183,10 +183,10 @@ def forge_report(directory: Path, tasks: list[task_lib.Task], workers: int, repe
                  no_twins: bool = False, with_args: bool = False, together: bool = False
                  ) -> dict:
   """Grades each body task's reference once and the forger `repeats` times (each grading draws
-  its own twins and check order); `unsealed`: with no assert sealed (research/tasks/seal.py), as
+  its own twins and check order); `unsealed`: with no assert sealed (research/tasks/grading/seal.py), as
   graders before sealing did; `no_twins`: with no twins planted, to see what the other layers
   stop alone; `with_args`: the forger reads `_args` (WITH_ARGS); `together`: every test in one
-  run (research/tasks/isolation.py)."""
+  run (research/tasks/grading/isolation.py)."""
   solutions = task_lib.read_solutions(directory)
   graders = pool.GraderPool(workers, alone=not together)
   jobs = []  # (task, reference job, forger job)

@@ -23,7 +23,8 @@ import grain.experimental as gx
 import numpy as np
 
 from research import configs
-from research.data import readers, synthetic
+from research.data import readers
+from research.data import synthetic
 from research.tokenizer.base import ByteTokenizer
 
 SOURCES = ('synthetic', 'jsonl', 'array_record')

@@ -28,7 +28,9 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from research.hf import config_map, kimi_k25, weights
+from research.hf import config_map
+from research.hf import kimi_k25
+from research.hf import weights
 from research.hf import pack_quantized as pq
 from research.hf import safetensors_io as st
 from research.model import transformer

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from research.hf import config_map, weights
+from research.hf import config_map
+from research.hf import weights
 from research.hf import pack_quantized as pq
 
 PREFIX = 'language_model.'

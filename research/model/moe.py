@@ -409,6 +409,18 @@ def _expert_axes(num_experts: int, mesh) -> tuple[str, ...]:
   return sharding.entry_axes(p[0])
 
 
+def _received_experts(pw, recv_x, recv_w, recv_e, sizes_L, e_local: int, c: int, path: ExpertPath):
+  """The local experts on the rows a device received (expert id `e_local` marks padding), each
+  row's output times its routing weight."""
+  if path.impl == 'dense':
+    real = jnp.where(recv_e < e_local, recv_w, 0).astype(recv_x.dtype)[:, None]
+    return experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
+  r_order, r_inverse = sort_order(recv_e)  # Padding sorts last, past every group.
+  ys = dispatched_ffn(pw, recv_x, 1, r_order, r_inverse, sizes_L, path,
+                      permute_rows(recv_w, r_order, r_inverse), capacity(c, e_local, path.capacity_factor))
+  return permute_rows(ys, r_inverse, r_order)
+
+
 def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, path: ExpertPath, mesh, transport):
   """shard_map over the mesh, laid out by the rules: tokens split as `act_batch`, experts as
   `experts`, the expert hidden units F as `expert_mlp` (by default the mesh axes `data, fsdp,
@@ -457,14 +469,7 @@ def _expert_parallel(p, x_NxD, weights_NxK, experts_NxK, path: ExpertPath, mesh,
     recv_e = jnp.repeat(jnp.append(jnp.tile(jnp.arange(e_local), ep), e_local),
                         jnp.append(recv_PxL.reshape(-1), ep * c - jnp.sum(recv_PxL)),
                         total_repeat_length=ep * c)
-    if path.impl == 'dense':
-      real = jnp.where(recv_e < e_local, recv_w, 0).astype(recv_x.dtype)[:, None]
-      y = experts_dense(pw, recv_x, real, jnp.minimum(recv_e, e_local - 1)[:, None])
-    else:
-      r_order, r_inverse = sort_order(recv_e)  # Padding sorts last, past every group.
-      ys = dispatched_ffn(pw, recv_x, 1, r_order, r_inverse, jnp.sum(recv_PxL, axis=0), path,
-                          permute_rows(recv_w, r_order, r_inverse), capacity(c, e_local, path.capacity_factor))
-      y = permute_rows(ys, r_inverse, r_order)
+    y = _received_experts(pw, recv_x, recv_w, recv_e, jnp.sum(recv_PxL, axis=0), e_local, c, path)
     if f_names:
       y = jax.lax.psum(y, _collective_axes(f_names))
     back = transport_(y, jnp.zeros((c, d), y.dtype), recv_start_PxP[:, me], sizes_PxP[:, me],

@@ -9,10 +9,10 @@ Start: a random init, or a base model (`base.checkpoint`, an orbax checkpoint wr
 folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a workdir whose
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.
-Each step: rollouts (research/rl/sampler.py; with rl.staleness > 0 sampled ahead on a thread with
+Each step: rollouts (research/rl/rollout/sampler.py; with rl.staleness > 0 sampled ahead on a thread with
 older params) -> group-baseline advantages -> critic feedback -> teacher hidden states on the
 hinted contexts -> one train step (research/train/step.py, on the Trainer's mesh) on `objective`:
-pg_coef * policy gradient + distill_coef * distillation + anchor (research/rl/losses.py).
+pg_coef * policy gradient + distill_coef * distillation + anchor (research/rl/update/losses.py).
 Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets distillation slots), so the update
 and the teacher pass compile once per run; a step where every group tied and no hint fired is skipped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import json
 import os
-from pathlib import Path
 import time
 
 import jax
@@ -37,226 +36,34 @@ from research import configs
 from research.checkpoint.manager import Checkpointer, abstract
 from research.hf import convert
 from research.metrics.writer import MetricsWriter
-from research.model import config as model_config
-from research.model import transformer
-from research.rl import critics as critics_lib
-from research.rl import env_pyfunc, env_repo, env_toolcalc, logprobs, losses, repo_oracle, sft, teacher as teacher_lib
-from research.rl import governance, probe
-from research.rl.critics import CriticConfig, Feedback
-from research.rl.governance import GovernanceConfig
-from research.rl.sampler import RolloutStats, Sampler, SamplerConfig
-from research.rl.sft import SFTConfig
-from research.rl.teacher import TeacherConfig
-from research.rl.trajectory import Trajectory, routes_batch, to_batch
-from research.tasks import redteam
-from research.tokenizer.base import ByteTokenizer
-from research.tokenizer.hf import HFTokenizer
 from research.parallel import mesh as mesh_lib
 from research.parallel import sharding
+from research.rl import sft
+from research.rl.config import RLExperimentConfig
+from research.rl.envs import registry
+from research.rl.feedback import critics as critics_lib
+from research.rl.feedback import governance
+from research.rl.feedback import probe
+from research.rl.feedback.critics import Feedback
+from research.rl.rollout.sampler import RolloutStats, Sampler
+from research.rl.rollout.trajectory import Trajectory, routes_batch, to_batch
+from research.rl.update import losses
+from research.rl.update import teacher as teacher_lib
+from research.rl.update.objective import objective
+from research.tokenizer.base import ByteTokenizer
+from research.tokenizer.hf import HFTokenizer
 from research.train import loop as train_loop
 from research.train import optimizer as optim
 from research.train import step as step_lib
-
-ENVS = ('toolcalc', 'pyfunc', 'repo')
-TOOLSETS = {'warm': env_toolcalc.WARM_TOOLS, 'rl': env_toolcalc.RL_TOOLS}
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseConfig:
-  """base: a converted pretrained model to start from instead of a random `model`."""
-  checkpoint: str = ''              # `launch.convert --from_hf` output: start from it, not `model`.
-  tokenizer: str = ''               # Its Hugging Face folder (tokenizer.json, chat template).
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvConfig:
-  """env: the environment tasks and rewards come from."""
-  name: str = 'toolcalc'            # 'toolcalc', 'pyfunc' or 'repo'.
-  tools: str = 'rl'                 # toolcalc: 'rl' (add renamed to plus: drift) or 'warm' (the warm-start tools).
-  max_ops: int = 2                  # toolcalc: operations per problem (1..max_ops).
-  max_operand: int = 9              # toolcalc: largest operand.
-  word_tokens: bool = True          # Tool names are one token each (as in a BPE vocabulary), not bytes.
-  renames: tuple[str, ...] = ()     # toolcalc: drift mid-run, 'STEP:OP:NAME' (e.g. '12:*:times').
-  tasks: str = ''                   # repo: a task file of launch.make_tasks; empty: the fixture's, made in the workdir.
-  repo: env_repo.Settings = dataclasses.field(default_factory=env_repo.Settings)  # repo: turns, limits, syntax.
-
-  def validate(self, path: str = 'env.') -> 'EnvConfig':
-    if self.name not in ENVS:
-      raise configs.invalid(path + 'name', self.name, f'expected one of {ENVS}')
-    if self.tools not in TOOLSETS:
-      raise configs.invalid(path + 'tools', self.tools, f'expected one of {tuple(TOOLSETS)}')
-    for spec in self.renames:
-      try:
-        env_toolcalc.parse_rename(spec)
-      except ValueError as e:
-        raise configs.invalid(path + 'renames', spec, str(e)) from None
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-  """rl: the size and length of the RL run."""
-  steps: int = 40                   # RL steps (optimizer updates; the schedule's length too).
-  tasks_per_step: int = 16          # Distinct tasks per step.
-  group_size: int = 4               # Rollouts per task (the group baseline).
-  max_targets: int = 32             # Distillation slots per step (more hints: a random subset).
-  staleness: int = 0                # Steps the sampler runs ahead of the update (0: synchronous; 1: one step off).
-
-  def validate(self, path: str = 'rl.') -> 'RLConfig':
-    for f in ('steps', 'tasks_per_step', 'group_size', 'max_targets'):
-      if getattr(self, f) < 1:
-        raise configs.invalid(path + f, getattr(self, f), 'must be positive')
-    if self.staleness < 0:
-      raise configs.invalid(path + 'staleness', self.staleness, 'must be >= 0')
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-  """loss: the terms of the RL objective (research/rl/losses.py; docs/rl.md)."""
-  pg_coef: float = 1.0              # Policy gradient weight; 0: distillation alone.
-  distill_coef: float = 1.0         # Distillation weight; 0: outcome reward alone.
-  clip_eps: float = 0.0             # > 0: PPO-clipped ratio to the sampler's log-probs.
-  std_norm: bool = False            # GRPO's std normalization of advantages (Dr.GRPO: off).
-  norm_tokens: int = 32             # Dr.GRPO's constant: loss = sum over tokens / (rollouts * this).
-  distill_kind: str = 'forward_kl'  # 'reverse_kl', 'forward_kl', 'jsd', 'topk' or 'sampled' (docs/rl.md).
-  distill_top_k: int = 8            # Tokens of the teacher kept by distill_kind='topk'.
-  gate: str = 'none'                # 'none', or 'confident': distill only where the teacher is confident.
-  gate_margin: float = 0.0          # gate='confident': the teacher's log-prob margin required.
-  until_divergence: bool = True     # Distill a target only up to where it leaves the teacher's argmax.
-  pg_on_targets: bool = False       # False: hinted messages get the distillation signal, not the PG.
-  anchor_coef: float = 10.0         # KL to the teacher weights (no hint) on all other policy tokens.
-  is_cap: float = 2.0               # Truncated importance sampling: token ratio to the sampler capped here (0: off).
-  logit_chunk: int = 256            # Positions unembedded at a time in the update (0: the whole sequence).
-
-  def validate(self, path: str = 'loss.') -> 'LossConfig':
-    if self.distill_kind not in losses.DISTILL_KINDS:
-      raise configs.invalid(path + 'distill_kind', self.distill_kind, f'expected one of {losses.DISTILL_KINDS}')
-    if self.gate not in losses.GATES:
-      raise configs.invalid(path + 'gate', self.gate, f'expected one of {losses.GATES}')
-    if self.pg_coef == 0 and self.distill_coef == 0:
-      raise ValueError(f'{path}pg_coef and {path}distill_coef are both 0: nothing to train')
-    if self.norm_tokens < 1:
-      raise configs.invalid(path + 'norm_tokens', self.norm_tokens, 'must be positive')
-    for f in ('is_cap', 'logit_chunk'):
-      if getattr(self, f) < 0:
-        raise configs.invalid(path + f, getattr(self, f), 'must be >= 0')
-    if 0 < self.is_cap < 1:
-      raise configs.invalid(path + 'is_cap', self.is_cap, 'must be 0 (off) or >= 1')
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-  """eval: the fixed held-out tasks evaluated before, during and after RL."""
-  every: int = 10                   # RL steps between evaluations.
-  num_tasks: int = 64               # Held-out tasks, one sampled rollout each.
-
-  def validate(self, path: str = 'eval.') -> 'EvalConfig':
-    for f, low in (('every', 1), ('num_tasks', 0)):
-      if getattr(self, f) < low:
-        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
-    return self
-
-
-@dataclasses.dataclass(frozen=True)
-class RLExperimentConfig:
-  """An RL run (launch/rl.py): every section, each with its defaults."""
-  seed: int = 0                     # Init, warm-start data, RL tasks, sampling and eval tasks.
-  init_checkpoint: str = ''         # A workdir holding warmstart/; empty: run the warm start here.
-  checkpoint_every: int = 50        # RL steps between checkpoints (the run resumes from the last).
-  tensorboard: bool = True          # Also write TensorBoard events next to metrics.jsonl.
-  mesh: str = 'data:1'              # Axis sizes (data, fsdp, expert, tensor) of the update, sampler and teacher.
-  base: BaseConfig = dataclasses.field(default_factory=BaseConfig)
-  model: model_config.ModelConfig = dataclasses.field(default_factory=model_config.ModelConfig)
-  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
-  sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
-  sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
-  rl: RLConfig = dataclasses.field(default_factory=RLConfig)
-  loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-  teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
-  critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
-  governance: GovernanceConfig = dataclasses.field(default_factory=GovernanceConfig)
-  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-  optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=optim.OptimizerConfig)  # The RL update.
-
-
-def make_env(c: EnvConfig, workdir: str = ''):
-  """The environment; repo without env.tasks makes the fixture's tasks once, under workdir/repo_tasks."""
-  if c.name == 'toolcalc':
-    return env_toolcalc.ToolCalc(TOOLSETS[c.tools], c.max_ops, c.max_operand, renames=c.renames)
-  if c.name == 'repo':
-    return env_repo.RepoEnv(c.tasks or _fixture_tasks(workdir), settings=c.repo)
-  return env_pyfunc.PyFunc()
-
-
-def _fixture_tasks(workdir: str) -> str:
-  out = os.path.join(workdir, 'repo_tasks')
-  if not os.path.exists(os.path.join(out, 'tasks', 'tasks.jsonl')):
-    redteam.make_fixture_tasks(Path(out), only=redteam.TARGETS, modes=('body', 'function', 'feature'),
-                               log=lambda _: None, visible_tests=True)  # `run` runs them.
-  return os.path.join(out, 'tasks', 'tasks.jsonl')
-
-
-def _demos(c: RLExperimentConfig, env=None):
-  if c.env.name == 'repo':
-    return repo_oracle.Demonstrations(env, c.sft.hint_fraction)
-  if c.env.name != 'toolcalc':
-    raise ValueError(f'env.name={c.env.name!r} has no demonstration generator; give init_checkpoint')
-  return lambda rng, n: env_toolcalc.demonstrations(
-      rng, n, hint_fraction=c.sft.hint_fraction, max_ops=c.env.max_ops, max_operand=c.env.max_operand)
 
 
 def _tokenizer(c: RLExperimentConfig, env):
   """The base model's tokenizer, or bytes plus (with env.word_tokens) the environment's words."""
   if c.base.tokenizer:
     return HFTokenizer(c.base.tokenizer)
-  if c.env.word_tokens and not hasattr(env, 'words'):
+  if c.env.word_tokens and not env.words:
     raise ValueError(f'env.word_tokens: env {c.env.name!r} has no word list')
   return ByteTokenizer(env.words if c.env.word_tokens else ())
-
-
-def objective(params, batch, cfg, *, lc: LossConfig, temperature: float):
-  """pg_coef * policy gradient + distill_coef * distillation + anchor_coef * anchor KL (the train
-  step adds the router losses). Log-probs, KLs and entropies a chunk of positions at a time.
-
-  batch: rows (B-leading: tokens, segment_ids, targets, mask, sampler_logp, adv, valid, and routes
-  B x T x L x k for router replay, ref_hidden B x T x D for the anchor), targets (N-leading: d_row,
-  d_pos, d_tok, d_mask, t_hidden N x S x D) and teacher_head (D x V). Returns (loss, aux).
-  """
-  rows, tgt, chunk = batch['rows'], batch['targets'], lc.logit_chunk
-  routes = rows['routes'] if 'routes' in rows else None
-  if routes is not None:  # B x T x L x k -> L x B*T x k, the forward's layout.
-    routes = jnp.moveaxis(routes, 2, 0).reshape(routes.shape[2], -1, routes.shape[3])
-  h, aux, _ = transformer.forward(params, rows['tokens'], cfg, segment_ids_BxT=rows['segment_ids'],
-                                  routes=routes, head=False)
-  head, t_head = params['lm_head']['kernel'], batch['teacher_head']
-  anchor = lc.anchor_coef > 0
-  terms = logprobs.policy_terms(h, rows['targets'], head, cfg=cfg, temperature=temperature, chunk=chunk,
-                                ref_h_BxTxD=rows['ref_hidden'] if anchor else None, ref_head_DxV=t_head)
-  mask = rows['mask']
-  on_target = jnp.zeros_like(mask).at[tgt['d_row'][:, None], tgt['d_pos']].max(tgt['d_mask'])
-  denom = jnp.maximum(jnp.sum(rows['valid']), 1.0) * lc.norm_tokens
-  # On a hinted message the teacher's per-token signal replaces the advantage (unless pg_on_targets).
-  pg, pg_stats = losses.pg_loss(terms['logp'], rows['sampler_logp'], rows['adv'],
-                                mask if lc.pg_on_targets else mask * (1 - on_target), denom,
-                                clip_eps=lc.clip_eps, is_cap=lc.is_cap)
-  stats = logprobs.distill_terms(h[tgt['d_row'][:, None], tgt['d_pos']], tgt['t_hidden'], tgt['d_tok'], head,
-                                 t_head, cfg=cfg, temperature=temperature, chunk=chunk,
-                                 kind=lc.distill_kind, top_k=lc.distill_top_k)
-  dl, kl_N, gated = losses.distill_loss(stats, tgt['d_tok'], tgt['d_mask'], gate=lc.gate, margin=lc.gate_margin,
-                                        until_divergence=lc.until_divergence)
-  loss = lc.pg_coef * pg + lc.distill_coef * dl
-  anchor_kl = jnp.zeros(())
-  if anchor:  # Reverse KL to the teacher weights without a hint on every other policy token.
-    keep = mask * (1 - on_target)
-    anchor_kl = jnp.sum(terms['kl'] * keep) / jnp.maximum(jnp.sum(keep), 1.0)
-    loss += lc.anchor_coef * anchor_kl
-  n = jnp.maximum(jnp.sum(mask), 1.0)
-  diff = (rows['sampler_logp'] - jax.lax.stop_gradient(terms['logp'])) * mask
-  return loss, {**aux, **pg_stats, 'pg_loss': pg, 'distill_loss': dl, 'anchor_kl': anchor_kl, 'kl_N': kl_N,
-                'gated_frac': gated, 'entropy': jnp.sum(terms['entropy'] * mask) / n,
-                'logp_mismatch': jnp.sum(jnp.abs(diff)) / n, 'logp_mismatch_mean': jnp.sum(diff) / n}
 
 
 @dataclasses.dataclass
@@ -274,19 +81,27 @@ class RLState:
 
 
 @dataclasses.dataclass
-class Rollouts:
-  """One step's rollouts with their rewards, advantages and the critic's feedback."""
+class Sampled:
+  """One step's rollouts with their rewards and advantages (no governance: sampled ahead on a
+  thread with rl.staleness > 0)."""
   trajs: list[Trajectory]
   groups: np.ndarray                # Task index per rollout.
   stats: RolloutStats
   valid: np.ndarray                 # No environment fault.
   rewards: np.ndarray
   adv: np.ndarray                   # Group-baseline advantages.
-  feedback: list[tuple[int, Feedback]]  # Every hint the critic wrote, by rollout index.
-  targets: list[tuple[int, Feedback]]   # The ones distilled this step (at most rl.max_targets).
-  active: np.ndarray                # Rows with a gradient: a nonzero advantage or a target.
-  time_critic: float
   env_metrics: dict[str, float]     # The environment's own (repo: hack_rate, env_seconds, tool calls).
+  rng: np.random.Generator          # The step's generator after drawing its tasks (picks targets).
+
+
+@dataclasses.dataclass
+class Rollouts(Sampled):
+  """Sampled rollouts with the governed feedback of the step (made on the main thread)."""
+  feedback: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # The active rules' hints.
+  all_feedback: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # Suspended rules' too.
+  targets: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # Distilled (<= rl.max_targets).
+  active: np.ndarray | None = None  # Rows with a gradient: a nonzero advantage or a target.
+  time_critic: float = 0.0
 
 
 class Runner:
@@ -296,7 +111,7 @@ class Runner:
     self.c = c = configs.from_dict(RLExperimentConfig, config)
     self.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
-    self.env = make_env(c.env, workdir)
+    self.env = registry.make(c.env, workdir)
     self.tok = _tokenizer(c, self.env)
     # A base checkpoint brings its own model config; `model` then describes nothing.
     self.cfg = convert.read_model_config(c.base.checkpoint) if c.base.checkpoint else c.model
@@ -316,6 +131,8 @@ class Runner:
     rows = self.trainer.batch_sharding  # Rollouts and distillation slots split alike; the head as a param.
     self.batch_shardings = {'rows': rows, 'targets': rows,
                             'teacher_head': self.trainer.param_shardings['lm_head']['kernel']}
+    self.step = None  # The jitted train step; fresh_state makes it (it takes the started state's shardings).
+    self.state: RLState | None = None  # After run(): the final policy, optimizer state and teacher.
 
   def _trainer(self, oc: optim.OptimizerConfig, steps: int) -> step_lib.Trainer:
     """The train step's Trainer on the run's mesh (RL batch rows and slots must split over it)."""
@@ -342,7 +159,8 @@ class Runner:
       return restored.state['params']
     if c.init_checkpoint:
       raise FileNotFoundError(f'init_checkpoint={c.init_checkpoint!r} has no warmstart/ checkpoint')
-    params, _ = sft.train(params, self._trainer(c.sft.optimizer, c.sft.steps), self.tok, _demos(c, self.env), steps=c.sft.steps,
+    params, _ = sft.train(params, self._trainer(c.sft.optimizer, c.sft.steps), self.tok,
+                          self.env.demonstrations(c.sft.hint_fraction), steps=c.sft.steps,
                           batch_size=c.sft.batch_size, seq_len=c.sampler.max_len, seed=c.seed, log=log)
     ckpt.save(0, {'params': params}, force=True)
     ckpt.close()
@@ -453,28 +271,30 @@ class Runner:
       pool.shutdown()
     ckpt.close()
     writer.close()
-    self.params, self.teacher = state.params, state.teacher
+    self.state = state
     return self._summary(state.params, eval_tasks, before)
 
   # -------------------------------------------------------------------------------------------
   def _ahead(self, step: int, params, pending: dict, pool: futures.Executor | None) -> Rollouts:
     """The rollouts of `step`. With rl.staleness = s > 0 the sampler runs ahead on a thread: the
-    rollouts of steps step..step+s not yet started start now with the current params, so sampling
+    samples of steps step..step+s not yet started start now with the current params, so sampling
     overlaps the updates and a step trains on rollouts of params up to s updates old (the update's
-    truncated importance weights correct for it; the recorded routes are replayed as sampled)."""
+    truncated importance weights correct for it; the recorded routes are replayed as sampled).
+    Governance sees each step's samples on this thread, in step order (`critiqued`)."""
     if pool is None:
       return self.rollouts(step, params)
     snapshot = None
     for k in range(step, min(step + self.c.rl.staleness, self.c.rl.steps) + 1):
       if k not in pending:
         snapshot = snapshot or jax.tree.map(jnp.copy, params)  # The update donates the live params.
-        pending[k] = pool.submit(self.rollouts, k, snapshot)
-    return pending.pop(step).result()
+        pending[k] = pool.submit(self.sample, k, snapshot)
+    return self.critiqued(step, pending.pop(step).result())
 
   def train_step(self, step: int, state: RLState, ro: Rollouts) -> tuple[RLState, dict[str, float]]:
     """Rewards and feedback of the step's rollouts, then (unless nothing carries a gradient) one update."""
     row = self._rollout_row(ro)
-    row.update(self.gov.step(step, ro.trajs, ro.valid, state.params, state.teacher.params(state.params),
+    row.update(self.gov.step(step, ro.trajs, ro.valid, ro.all_feedback, state.params,
+                             state.teacher.params(state.params),
                              jax.random.fold_in(jax.random.key(self.c.seed * 1_000_003 + step), 1)))
     if not ro.active.any():  # Every group tied and no feedback: no gradient this step.
       row.update(time_teacher=0.0, time_update=0.0)
@@ -483,30 +303,40 @@ class Runner:
     return state, {**row, **update_row}
 
   def rollouts(self, step: int, params) -> Rollouts:
-    c, r, lc = self.c, self.c.rl, self.c.loss
+    """The step's rollouts, sampled and critiqued."""
+    return self.critiqued(step, self.sample(step, params))
+
+  def sample(self, step: int, params) -> Sampled:
+    """The step's tasks, G rollouts each, their rewards and advantages (no governance state)."""
+    c, r = self.c, self.c.rl
     rng = np.random.default_rng([c.seed, 2, step])
-    if isinstance(self.env, env_toolcalc.ToolCalc):
-      self.env.at_step(step)  # Drift (env.renames).
+    self.env.at_step(step)  # Drift (e.g. toolcalc's renames).
     tasks = [self.env.sample_task(rng) for _ in range(r.tasks_per_step)]
     tasks = [t for t in tasks for _ in range(r.group_size)]
     groups = np.repeat(np.arange(r.tasks_per_step), r.group_size)
-    t0 = time.perf_counter()
     episodes = [self.env.reset(t) for t in tasks]
     trajs, st = self.sampler.rollout(params, episodes, jax.random.key(c.seed * 1_000_003 + step),
                                      tasks=tasks, groups=groups)
     valid = np.array([t.fault is None for t in trajs])
     rewards = np.array([t.reward for t in trajs])
-    adv = losses.group_advantages(rewards, groups, valid, std_norm=lc.std_norm)
-    feedback = self.gov.critique(step, trajs)  # The active rules' hints.
-    time_critic = time.perf_counter() - t0 - st.sample_s - st.env_s
+    adv = losses.group_advantages(rewards, groups, valid, std_norm=c.loss.std_norm)
+    return Sampled(trajs, groups, st, valid, rewards, adv, self.env.metrics(episodes), rng)
+
+  def critiqued(self, step: int, s: Sampled) -> Rollouts:
+    """The governed feedback of sampled rollouts, the distillation targets and the rows with a
+    gradient (on the main thread: governance decides in step order)."""
+    r, lc = self.c.rl, self.c.loss
+    t0 = time.perf_counter()
+    feedback, every = self.gov.critique(step, s.trajs)
     targets = feedback if lc.distill_coef > 0 else []
     if len(targets) > r.max_targets:  # A fixed number of distillation slots (one compiled shape).
-      keep = np.sort(rng.choice(len(targets), r.max_targets, replace=False))
+      keep = np.sort(s.rng.choice(len(targets), r.max_targets, replace=False))
       targets = [targets[k] for k in keep]
-    active = (adv != 0) & valid if lc.pg_coef else np.zeros(len(trajs), bool)
+    active = (s.adv != 0) & s.valid if lc.pg_coef else np.zeros(len(s.trajs), bool)
     active[[i for i, _ in targets]] = True
-    env_metrics = self.env.metrics(episodes) if isinstance(self.env, env_repo.RepoEnv) else {}
-    return Rollouts(trajs, groups, st, valid, rewards, adv, feedback, targets, active, time_critic, env_metrics)
+    return Rollouts(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)}, feedback=feedback,
+                    all_feedback=every, targets=targets, active=active,
+                    time_critic=time.perf_counter() - t0)
 
   def _rollout_row(self, ro: Rollouts) -> dict[str, float]:
     """The step's log row before the update: rewards, feedback, sampling statistics."""

@@ -2,7 +2,7 @@
 
 A demonstration is a chat conversation, [{'role', 'content', 'loss'}]: the assistant messages with
 `loss` set are trained on (content and <eom>), everything else is context. Environments generate
-their own (research/rl/env_toolcalc.py `demonstrations`), including hint-conditioned examples, a
+their own (research/rl/envs/toolcalc.py `demonstrations`), including hint-conditioned examples, a
 hint message followed by the message it asks for, so that the policy can act as its own teacher.
 The step is research/train/step.py's `train_step` (next-token CE over loss_mask + router losses).
 """

@@ -1,9 +1,17 @@
-"""What is what in a Python repository: source packages, tests, test configuration, artifacts."""
+"""What is what in a Python repository: source packages, tests, test configuration, artifacts;
+and Python's parser, one thread at a time.
+
+CPython 3.11 keeps the AST constructor's recursion depth in interpreter state, so two threads
+parsing at once (the grader pool's) can fail with "SystemError: AST constructor recursion depth
+mismatch" (python/cpython gh-106905). Every parse in research/tasks goes through `parse_source`.
+"""
+import ast
 import fnmatch
 import os
 from pathlib import Path, PurePosixPath
 import shutil
 import sys
+import threading
 
 TEST_DIRS = frozenset({'tests', 'test', 'testing'})
 CONFIG_FILES = frozenset({'pytest.ini', '.pytest.ini', 'pyproject.toml', 'tox.ini', 'setup.cfg',
@@ -113,3 +121,25 @@ def copy_tree(src: Path, dst: Path, skip_artifacts: bool = True) -> None:
 def shadows_stdlib(rel: str) -> bool:
   p = PurePosixPath(rel)
   return len(p.parts) == 1 and p.stem in sys.stdlib_module_names
+
+
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(source: str, mode: str = 'exec') -> ast.AST:
+  with _PARSE_LOCK:
+    return ast.parse(source, mode=mode)
+
+
+def literal_value(source: str):
+  """The value of a literal written as `source` (ast.literal_eval, parsed under the lock)."""
+  return ast.literal_eval(parse_source(source, 'eval'))
+
+
+def is_literal(node: ast.AST) -> bool:
+  """Whether ast.literal_eval takes the node (a constant, or containers of constants)."""
+  try:
+    ast.literal_eval(node)
+  except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    return False
+  return True

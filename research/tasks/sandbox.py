@@ -230,7 +230,6 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   """
   env = dict(env or {})
   uid = uid_for() if uid is None else uid
-  limits_argv = _rlimit_argv(limits)
   seccomp = None
   if isolate:
     # bwrap reads the filter from a pipe (a few dozen bytes: the write never blocks).
@@ -248,7 +247,7 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   start = time.perf_counter()
   # A pipe, not a file: the command can neither truncate nor rewrite what it already wrote.
   try:
-    proc = subprocess.Popen([*prefix, *limits_argv, *argv], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([*prefix, *_rlimit_argv(limits), *argv], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
                             env=popen_env, start_new_session=True,
                             pass_fds=tuple(pass_fds) + ((seccomp,) if isolate else ()))
@@ -258,33 +257,35 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   output = _Tail(limits.output_kb << 10)
   reader = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
   reader.start()
-  timed_out = False
   try:
     proc.stdin.write(stdin)
     proc.stdin.close()
   except BrokenPipeError:
     pass  # The command exited without reading its input; its exit status says why.
-  deadline = start + limits.wall_s
+  timed_out = _wait(proc, start + limits.wall_s, watch, watch_s)
+  reader.join()
+  proc.stdout.close()
+  text = output.text()
+  error = text.strip() if isolate and proc.returncode == 1 and text.startswith('bwrap:') else None
+  return Completed(proc.returncode, timed_out, time.perf_counter() - start, text, error)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, watch: Callable[[], bool] | None,
+          watch_s: float) -> bool:
+  """Waits for `proc` until `deadline` (perf_counter), asking `watch` every `watch_s`; kills it
+  when time is up or `watch` says so. Returns whether the wall clock ran out."""
   while True:
     left = deadline - time.perf_counter()
     try:
       proc.wait(timeout=max(min(left, watch_s) if watch else left, 0))
-      break
+      return False
     except subprocess.TimeoutExpired:
       timed_out = left <= watch_s or not watch
       if timed_out or watch():
         # Killing bwrap kills the namespace's init, which takes every process inside with it.
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        break
-  reader.join()
-  proc.stdout.close()
-  wall = time.perf_counter() - start
-  text = output.text()
-  error = None
-  if isolate and proc.returncode == 1 and text.startswith('bwrap:'):
-    error = text.strip()
-  return Completed(proc.returncode, timed_out, wall, text, error)
+        return timed_out
 
 
 def _chown_tree(root: str, uid: int) -> None:

@@ -39,15 +39,15 @@ class Task:
   visible_tests: bool  # Whether `tree` keeps the test files that hold the required tests.
   twin_sites: list[str]  # Where mutant twins fail on the original ('<node id>@<point>').
   max_twins: int  # Twins planted per grading, at most.
-  python: str  # The interpreter of the task's environment (tests and grading run with it).
-  environment: str | None  # Its id when it is a per-repository environment (research/tasks/envs).
+  python: str  # The interpreter of the task's venv (tests and grading run with it).
+  venv: str | None  # Its id when it is a per-repository venv (research/tasks/factory/venvs.py).
   # Difficulty signals: non-blank lines deleted, stable tests executing them, cyclomatic size.
   lines_deleted: int
   covering_tests: int
   cyclomatic: int
   # Asserts of required tests whose literal grading compares outside the sandbox
-  # ('<node id>@<ordinal>', research/tasks/seal.py); none in records made before sealing.
-  sealed: list[str] = dataclasses.field(default_factory=list)
+  # ('<node id>@<ordinal>', research/tasks/grading/seal.py).
+  sealed: list[str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +113,22 @@ def write_shards(directory: Path, tasks: list[Task], solutions: Iterable[Solutio
   return paths
 
 
+def upgrade(record: dict) -> dict:
+  """A task record as this version reads it, from any earlier version's: the one place that
+  knows older records. Records made before sealing seal nothing; `environment` is now `venv`; value twin sites of records
+  made before checked originals (`@-1~seed`, twins.WHOLE) stay readable as they are."""
+  record = dict(record)
+  if 'environment' in record:  # Named `venv` since the restructuring (issue 38).
+    record['venv'] = record.pop('environment')
+  return {'sealed': [], **record}
+
+
 def decode(record: bytes | str) -> Task:
-  return Task(**json.loads(record))
+  fields = upgrade(json.loads(record))
+  unknown = set(fields) - {f.name for f in dataclasses.fields(Task)}
+  if unknown:
+    raise ValueError(f'task record {fields.get("id")!r} has unknown fields {sorted(unknown)}')
+  return Task(**fields)
 
 
 def read(path: Path) -> list[Task]:

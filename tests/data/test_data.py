@@ -6,7 +6,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from research.data import pipeline, readers, synthetic
+from research.data import pipeline
+from research.data import readers
+from research.data import synthetic
 
 TEXTS = [f'def f{i}(x):\n  return x * {i}\n' * (1 + i % 5) for i in range(40)]
 

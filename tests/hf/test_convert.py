@@ -15,7 +15,10 @@ import transformers
 from etils import epath
 from safetensors.torch import load_file, save_file
 
-from research.hf import config_map, convert, safetensors_io, weights
+from research.hf import config_map
+from research.hf import convert
+from research.hf import safetensors_io
+from research.hf import weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

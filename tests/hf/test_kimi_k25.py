@@ -29,9 +29,14 @@ from compressed_tensors.utils.match import match_name
 from safetensors.torch import load_file, save_file
 
 from experiments.benchmarks import convert_memory
-from research.hf import config_map, convert, kimi_k25, safetensors_io, weights
+from research.hf import config_map
+from research.hf import convert
+from research.hf import kimi_k25
+from research.hf import safetensors_io
+from research.hf import weights
 from research.hf import pack_quantized as pq
-from research.model import decode, transformer
+from research.model import decode
+from research.model import transformer
 from research.model.config import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

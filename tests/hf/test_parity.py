@@ -14,8 +14,11 @@ import pytest
 import torch
 import transformers
 
-from research.hf import convert, safetensors_io, weights
-from research.model import decode, transformer
+from research.hf import convert
+from research.hf import safetensors_io
+from research.hf import weights
+from research.model import decode
+from research.model import transformer
 from research.parallel import mesh as mesh_lib
 
 TOL = 1e-4

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.model import decode, transformer
+from research.model import decode
+from research.model import transformer
 from research.model.config import ModelConfig
 
 GQA = ModelConfig(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, head_dim=16, num_experts=4,

@@ -20,18 +20,21 @@ import pytest
 
 from research.model import transformer
 from research.model.config import ModelConfig
-from research.rl import critics, env_repo, repo_oracle
-from research.rl import repo_tools as tools
-from research.rl.sampler import Sampler, SamplerConfig
-from research.rl.trajectory import Trajectory
+from research.rl.feedback import critics
+from research.rl.envs.repo import env as env_repo
+from research.rl.envs.repo import oracle as repo_oracle
+from research.rl.envs.repo import calls
+from research.rl.envs.repo import tools
+from research.rl.rollout.sampler import Sampler, SamplerConfig
+from research.rl.rollout.trajectory import Trajectory
 from research.tasks import grading
 from research.tasks import patch as patch_lib
-from research.tasks import pool as pool_lib
+from research.tasks.grading import pool as pool_lib
 from research.tasks import sandbox
 from research.tasks import task as task_lib
 from research.tokenizer.base import ByteTokenizer
 
-CHATML = tools.FORMATS['chatml']
+CHATML = calls.FORMATS['chatml']
 SLUG = 'textops.core.slugify.body'
 STUB = '  raise NotImplementedError\n'
 REPO_RULES = ['tool_call', 'protected_edit', 'syntax_error', 'run_import_error', 'run_name_error',
@@ -40,7 +43,7 @@ PYTEST = 'python -m pytest -q -p no:cacheprovider tests/test_core.py'
 
 
 def call(name, **args) -> str:
-  return CHATML.render(tools.Call(name, args))
+  return CHATML.render(calls.Call(name, args))
 
 
 @pytest.fixture(scope='module')
@@ -54,7 +57,7 @@ def slug(env):
 
 def oracle_messages(task, task_dir: Path) -> list[str]:
   solution = task_lib.read_solutions(task_dir)[task.id]
-  return [CHATML.render(c) for c in repo_oracle.calls(task, solution, task_dir / task.tree)]
+  return [CHATML.render(c) for c in repo_oracle.solution_calls(task, solution, task_dir / task.tree)]
 
 
 def play(episode, messages) -> Trajectory:
@@ -95,7 +98,7 @@ def test_prompt_states_the_task(env):
   task = slug(env)
   ep = env.reset(task)
   system, user = ep.prompt
-  assert all(f'- {tools.signature(n)}' in system['content'] for n in tools.TOOLS)
+  assert all(f'- {calls.signature(n)}' in system['content'] for n in calls.TOOLS)
   assert '<tool_call>' in system['content']
   assert f'The body of `slugify` in `{task.file}` was deleted' in user['content']
   assert "Its docstring: \"\"\"Turns text into a URL slug: 'Hello, World!' -> 'hello-world'.\"\"\"" in user['content']
@@ -167,10 +170,10 @@ def test_malformed_and_random_calls_never_crash(env):
   rng = np.random.default_rng(0)
   values = ['', '.', 'textops', 'textops/core.py', 'nope.py', '../x', '/etc/passwd', '(', 'true',
             'def', STUB, 'a\x00b', '\ud800', 'textops/core.py/x.py', 0, -3, 10**9, None, [1], {'a': 1}]
-  names = [n for n in tools.TOOLS if n != 'submit'] + ['bogus']
+  names = [n for n in calls.TOOLS if n != 'submit'] + ['bogus']
   for _ in range(60):
     name = str(rng.choice(names))
-    params = [p for p, _ in tools.TOOLS[name].params] if name in tools.TOOLS else ['path']
+    params = [p for p, _ in calls.TOOLS[name].params] if name in calls.TOOLS else ['path']
     args = {p: values[int(rng.integers(len(values)))] for p in params + ['extra'] if rng.random() < 0.8}
     step = ep.step(call(name, **args))
     assert not step.done and isinstance(step.observation, str)
@@ -180,11 +183,11 @@ def test_malformed_and_random_calls_never_crash(env):
 
 
 def test_kimi_format_round_trips():
-  c = tools.Call('str_replace', {'path': 'a.py', 'old': 'x = 1\n', 'new': 'x = "<2>"\n'})
-  for fmt in tools.FORMATS.values():
+  c = calls.Call('str_replace', {'path': 'a.py', 'old': 'x = 1\n', 'new': 'x = "<2>"\n'})
+  for fmt in calls.FORMATS.values():
     assert fmt.parse('thinking first... ' + fmt.render(c)) == c
-  with pytest.raises(tools.CallError, match='found 0 tool calls'):
-    tools.parse_kimi('<tool_call>{"name": "view"}</tool_call>')
+  with pytest.raises(calls.CallError, match='found 0 tool calls'):
+    calls.parse_kimi('<tool_call>{"name": "view"}</tool_call>')
 
 
 def test_observations_are_capped(env):
@@ -196,7 +199,7 @@ def test_observations_are_capped(env):
   assert len(obs) < 460 and 'characters cut ...]' in obs
   obs = ep.step(call('run', command="python -c \"print('y' * 100000)\"")).observation
   assert obs.startswith('exit code 0\nyyy') and 'characters cut ...]' in obs and len(obs) < 460
-  assert tools.cap('a' * 10 + 'b' * 10, 10) == 'aaaaa\n[... 10 characters cut ...]\nbbbbb'
+  assert calls.cap('a' * 10 + 'b' * 10, 10) == 'aaaaa\n[... 10 characters cut ...]\nbbbbb'
   ep.close('context')
 
 
@@ -250,7 +253,7 @@ def test_turn_limit_and_close_grade_the_work(env, repo_task_dir):
 
 class _BrokenPool:
   def grade(self, jobs):
-    return [grading.Grade(None, 'harness error: boom') for _ in jobs]
+    return [grading.Grade('harness error: boom', fault='harness error: boom') for _ in jobs]
 
 
 def test_grader_fault_raises(env):
@@ -269,7 +272,7 @@ class _CountingPool:
 
   def grade(self, jobs):
     self.graded += [j.patch for j in jobs]
-    return [grading.Grade(None if 'boom' in j.patch else 1.0, 'counted') for j in jobs]
+    return [grading.Grade('counted', solved=True, fault='boom' if 'boom' in j.patch else None) for j in jobs]
 
 
 def _submitted(memo_env, body):
@@ -408,10 +411,10 @@ def test_oracle_edits_rebuild_the_original(env, tmp_path):
       (tmp_path / name / rel).write_text(text)
   patch = patch_lib.diff_trees(tmp_path / 'deleted', tmp_path / 'original')
   task = dataclasses.replace(slug(env), file='pkg/m.py')
-  calls = repo_oracle.calls(task, task_lib.Solution(task.id, patch, '', []), tmp_path / 'deleted')
-  assert {c.name for c in calls[1:-2]} == {'str_replace', 'insert'}
-  for c in calls:
-    if c.name in tools.EDITS:
+  made = repo_oracle.solution_calls(task, task_lib.Solution(task.id, patch, '', []), tmp_path / 'deleted')
+  assert {c.name for c in made[1:-2]} == {'str_replace', 'insert'}
+  for c in made:
+    if c.name in calls.EDITS:
       getattr(tools, c.name)(tmp_path / 'deleted', **c.arguments)
   for rel, (_, text) in files.items():
     assert (tmp_path / 'deleted' / rel).read_text() == text
@@ -420,7 +423,7 @@ def test_oracle_edits_rebuild_the_original(env, tmp_path):
 def test_str_replace_needs_exactly_one_match(tmp_path):
   (tmp_path / 'a.py').write_text('x\nx\nx\ny\n')
   for old, n in (('x\nx\n', 2), ('z', 0), ('', 0)):   # Overlapping matches count.
-    with pytest.raises(tools.ToolError, match=f'found {n} times'):
+    with pytest.raises(calls.ToolError, match=f'found {n} times'):
       tools.str_replace(tmp_path, 'a.py', old, 'w\n')
   assert tools.str_replace(tmp_path, 'a.py', 'x\ny', 'w') == 'Edited a.py:\n     1\tx\n     2\tx\n     3\tw\n'
   assert (tmp_path / 'a.py').read_text() == 'x\nx\nw\n'

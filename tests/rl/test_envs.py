@@ -1,4 +1,4 @@
-"""Environments: verifiable rewards that resist the known hacks; pyfunc runs code out of process."""
+"""Environments: verifiable rewards that resist the known hacks."""
 import itertools
 import os
 import subprocess
@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import runs
-from research.rl import env_pyfunc, env_toolcalc as tc
-from research.rl.executor import Limits, SubprocessExecutor
+from research.rl.envs import toolcalc as tc
 
 
 def _play(task, messages, tools=tc.RL_TOOLS):
@@ -21,7 +20,7 @@ def _play(task, messages, tools=tc.RL_TOOLS):
   return ep.close('turns')
 
 
-TASK = tc.Task((3, 4, 2), ('+', '*'))  # (3 + 4) * 2 = 14
+TASK = tc.Problem((3, 4, 2), ('+', '*'))  # (3 + 4) * 2 = 14
 
 
 def test_toolcalc_solution_and_drift():
@@ -84,49 +83,9 @@ def test_demonstrations_use_new_names_only_after_a_hint():
 def test_demonstrations_do_not_depend_on_the_string_hash_seed():
   # The warm start's data is a function of its seed alone: two processes with different
   # PYTHONHASHSEED (set iteration order) make the same conversations.
-  code = ('import hashlib, json, numpy as np; from research.rl import env_toolcalc as tc; '
+  code = ('import hashlib, json, numpy as np; from research.rl.envs import toolcalc as tc; '
           'd = tc.demonstrations(np.random.default_rng(0), 300, hint_fraction=0.5, max_ops=3, max_operand=20); '
           'print(hashlib.sha256(json.dumps(d).encode()).hexdigest())')
   out = {subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=runs.ROOT),
                         capture_output=True, text=True, check=True, timeout=120).stdout for seed in ('1', '2', '3')}
   assert len(out) == 1, out
-
-
-EX = SubprocessExecutor()
-FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=256)
-
-
-@pytest.mark.parametrize('code,status,etype', [
-    ('def add(a, b):\n  return a + b', 'pass', ''),
-    ('def add(a, b):\n  return a - b', 'fail', 'AssertionError'),
-    ('import nosuchmodule\ndef add(a, b): return a + b', 'error', 'ModuleNotFoundError'),
-    ('def add(a, b): return c', 'error', 'NameError'),
-    ('import os\nos._exit(0)', 'crash', 'Crash'),                              # Exiting early fails.
-    ('print("\\nPASS {\\"status\\": \\"pass\\"}")\nimport os\nos._exit(0)', 'crash', 'Crash'),  # Forged.
-    ('x = bytearray(1 << 30)', 'error', 'MemoryError'),
-    ('while True: pass', 'timeout', 'TimeoutError'),
-])
-def test_executor_outcomes(code, status, etype):
-  r = EX.run(code, [('add(2, 3)', 5)], FAST)
-  assert (r.status, r.error_type) == (status, etype)
-
-
-def test_pyfunc_rewards_and_observations():
-  env = env_pyfunc.PyFunc(limits=FAST, max_attempts=3)
-  task = [t for t in env_pyfunc.TASKS if t.name == 'isqrt'][0]
-  ep = env.reset(task)
-  s = ep.step('import maths\ndef isqrt(n): return 0')
-  assert not s.done and 'ModuleNotFoundError' in s.observation
-  s = ep.step('```python\ndef isqrt(n):\n  return int(n ** 0.5) + 1\n```')
-  assert s.info['failed'] == {'call': 'isqrt(15)', 'expected': '3', 'got': '4'}
-  s = ep.step('import math\ndef isqrt(n): return math.isqrt(n)')
-  assert s.done and s.success and s.reward == 0.5  # Two failed attempts cost 0.25 each.
-  # Never passing: a clean failing attempt scores 0, a crash or an empty answer scores less.
-  clean = env.reset(task)
-  for _ in range(3):
-    last = clean.step('def isqrt(n): return 0')
-  crash = env.reset(task)
-  for _ in range(3):
-    worst = crash.step('')
-  assert last.done and worst.done and worst.reward < last.reward
-  assert env.reset(task).close('context').reward == env_pyfunc.CRASHED

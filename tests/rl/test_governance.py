@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from research import configs
-from research.rl import critics, env_toolcalc as tc, governance, governance_report, probe
-from research.rl.trajectory import Trajectory
+from research.rl.feedback import critics
+from research.rl.envs import toolcalc as tc
+from research.rl.feedback import governance
+from research.rl.feedback import report
+from research.rl.feedback import probe
+from research.rl.rollout.trajectory import Trajectory
+from research.rl import config as rl_config
 
 
 def _traj(episode, messages, success=None):
@@ -33,7 +38,7 @@ def _wrong(task, messages):
 
 def test_wrong_tool_only_on_wrong_operations():
   """The step a call attempts ignores repeats and wrong-operation calls (issue 15 item 6)."""
-  task = tc.Task((3, 4, 2), ('+', '*'))
+  task = tc.Problem((3, 4, 2), ('+', '*'))
   # A recovery after a wrong operation is right; before the fix it was judged against step 1 ('*').
   assert _wrong(task, ['sub(3,4)', 'plus(3,4)', 'mul(7,2)', 'ans(14)']) == [0]
   # A repeated call is repeated_call's case, and does not shift the next step.
@@ -49,7 +54,7 @@ def test_wrong_tool_only_on_wrong_operations():
 def test_rules_are_versioned_data(monkeypatch):
   monkeypatch.setattr(critics, 'REGISTRY', dict(critics.REGISTRY))
   monkeypatch.setattr(critics, 'VERSIONS', dict(critics.VERSIONS))
-  t = _traj(tc.ToolCalc().reset(tc.Task((3, 4), ('+',))), ['add(3,4)', 'plus(3,4)', 'ans(7)'])
+  t = _traj(tc.ToolCalc().reset(tc.Problem((3, 4), ('+',))), ['add(3,4)', 'plus(3,4)', 'ans(7)'])
   fb = critics.Critic(['unknown_tool'])(t)
   assert [(f.tag, f.hint) for f in fb] == [('unknown_tool@1', 'Reminder: available tools are +:plus -:sub *:mul')]
   # The same id@version with another text is refused; a revision is the next version.
@@ -98,7 +103,7 @@ class _ScriptedProber:
     return [governance.Probe(fb.tag, *self.effect(fb.rule), 1.0) for _, fb in positions]
 
 
-def _batch(messages_per_traj, tools=None, task=tc.Task((3, 4, 2), ('+', '*'))):
+def _batch(messages_per_traj, tools=None, task=tc.Problem((3, 4, 2), ('+', '*'))):
   env = tc.ToolCalc(tools)
   trajs = [_traj(env.reset(task), ms) for ms in messages_per_traj]
   return trajs, np.ones(len(trajs), bool)
@@ -112,22 +117,24 @@ def test_harmful_rule_suspended_retested_and_reinstated(tmp_path):
   trajs, valid = _batch([['add(3,4)', 'plus(3,4)', 'mul(7,2)', 'ans(14)'],
                          ['plus(3,4)', 'plus(3,4)', 'mul(7,2)', 'ans(14)']])
   for step in range(1, 4):
-    tags = {fb.tag for _, fb in gov.critique(step, trajs)}
-    row = gov.step(step, trajs, valid)
+    active, every = gov.critique(step, trajs)
+    tags = {fb.tag for _, fb in active}
+    row = gov.step(step, trajs, valid, every)
   # Three probes at -0.75 each: the interval lies below 0 at step 3; the helpful rule stays.
   assert gov.suspended == {'repeated_call@1'} and row['gov/repeated_call@1/active'] == 0.0
   assert row['gov/unknown_tool@1/active'] == 1.0 and row['gov/unknown_tool@1/efficacy'] == 1.0
   assert tags == {'unknown_tool@1', 'repeated_call@1'}
-  assert {fb.tag for _, fb in gov.critique(4, trajs)} == {'unknown_tool@1'}  # No hints, so no distillation.
-  gov.step(4, trajs, valid)
+  active, every = gov.critique(4, trajs)
+  assert {fb.tag for _, fb in active} == {'unknown_tool@1'}  # No hints, so no distillation ...
+  assert {fb.tag for _, fb in every} == {'unknown_tool@1', 'repeated_call@1'}  # ... but probed.
+  gov.step(4, trajs, valid, every)
   assert 'repeated_call@1' not in prober.calls[-1]  # Re-tested at a low rate: not at step 4 ...
   effect['repeated_call'] = (1.0, 0.25)  # ... and it helps again after the drift.
   for step in range(5, 12):
-    gov.critique(step, trajs)
-    gov.step(step, trajs, valid)
+    gov.step(step, trajs, valid, gov.critique(step, trajs)[1])
   retests = [s for s, tags in zip(range(1, 12), prober.calls) if 'repeated_call@1' in tags]
   assert retests == [1, 2, 3, 5, 7, 9, 10, 11] and gov.suspended == set()  # Every step once reinstated.
-  log = governance_report.read_log(os.path.join(tmp_path, 'governance.jsonl'))
+  log = report.read_log(os.path.join(tmp_path, 'governance.jsonl'))
   assert [(d['step'], d['rule'], d['decision']) for d in log] == [(3, 'repeated_call@1', 'suspended'),
                                                                   (9, 'repeated_call@1', 'reinstated')]
   assert log[0]['evidence']['diffs'] == [-0.75] * 3 and log[0]['evidence']['hi'] < 0 < log[1]['evidence']['lo']
@@ -157,20 +164,20 @@ def test_drift_flags_unexplained_failures_and_a_new_rule_registers(tmp_path):
           'hint': 'Reminder: available tools are {tools}'}
   c = governance.GovernanceConfig(enabled=True, new_rules=(json.dumps(spec),), drift_min_count=3)
   gov = governance.Governance(c, critics.Critic(['renamed_add']), str(tmp_path), None)
-  task = tc.Task((3, 4, 2), ('+', '*'))
+  task = tc.Problem((3, 4, 2), ('+', '*'))
   flagged = []
   for step in range(1, 7):
     env.at_step(step)
     trajs = [_traj(env.reset(task), ['plus(3,4)', 'mul(7,2)', 'ans(14)']) for _ in range(6)]
     trajs += [_traj(env.reset(task), ['plus(3,4)', 'mul(7,2)', 'ans(15)']) for _ in range(2)]  # Background.
-    fb = gov.critique(step, trajs)
-    row = gov.step(step, trajs, np.ones(len(trajs), bool))
+    fb, every = gov.critique(step, trajs)
+    row = gov.step(step, trajs, np.ones(len(trajs), bool), every)
     flagged += [(e['step'], e['signature']) for e in gov.events if e['step'] == step]
     assert (step >= 5) == bool(fb) and (row['unexplained_failures'] == 1.0) == (3 <= step < 5)
   assert flagged == [(3, 'unknown_tool|mul|mul(#,#)')]
   assert gov.events[0]['examples'][0][:3] == [('assistant', 'plus(3,4)'), ('tool', '7'), ('assistant', 'mul(7,2)')]
   assert [f.tag for _, f in fb][:1] == ['renamed_mul@1'] and fb[0][1].hint.endswith('*:times')
-  log = governance_report.read_log(os.path.join(tmp_path, 'governance.jsonl'))
+  log = report.read_log(os.path.join(tmp_path, 'governance.jsonl'))
   assert [(d['kind'], d['step']) for d in log] == [('drift', 3), ('decision', 5)]
 
 
@@ -181,12 +188,12 @@ def test_config_errors_name_the_problem():
     tc.ToolCalc(renames=('3:*:timez',))
   env = tc.ToolCalc(renames=('4:*:times', '2:+:sum'))
   assert env.at_step(1)['*'] == 'mul' and env.at_step(3) == {'+': 'sum', '-': 'sub', '*': 'mul'}
-  assert env.at_step(9)['*'] == 'times' and env.reset(tc.Task((2, 3), ('*',))).step('times(2,3)').observation == '6'
+  assert env.at_step(9)['*'] == 'times' and env.reset(tc.Problem((2, 3), ('*',))).step('times(2,3)').observation == '6'
 
 
 def test_replay_reaches_the_same_state():
   env = tc.ToolCalc()
-  task = tc.Task((3, 4, 2), ('+', '*'))
+  task = tc.Problem((3, 4, 2), ('+', '*'))
   t = _traj(env.reset(task), ['plus(3,4)', 'plus(3,4)', 'mul(7,2)', 'ans(14)'])
   ep = probe.replay(env, t, 2, 'a hint')
   assert ep.prompt[-1] == {'role': 'system', 'content': 'a hint'} and len(ep.prompt) == 1 + 4 + 1
@@ -214,7 +221,7 @@ def test_viewer_renders_in_a_headless_browser(tmp_path):
   browser = shutil.which('chromium') or shutil.which('chromium-browser')
   assert browser, 'chromium is missing: `make sysdeps` installs it'
   page = tmp_path / 'rollouts.html'
-  page.write_text(governance_report.viewer_html(_records(), 'test <page>'))
+  page.write_text(report.viewer_html(_records(), 'test <page>'))
   flags = [browser, '--headless', '--no-sandbox', '--disable-gpu', f'--user-data-dir={tmp_path / "profile"}']
   dom = subprocess.run([*flags, '--dump-dom', page.as_uri()], capture_output=True, text=True, timeout=120).stdout
   assert '<title>test &lt;page&gt;</title>' in dom and dom.count('class="tok"') == 3
@@ -235,20 +242,21 @@ def test_report_table_and_plot(tmp_path):
            'gov/r@1/hi': -0.1, 'gov/r@1/gain': 2.0, 'gov/r@1/active': float(s < 3)} for s in range(1, 5)]
   log = [{'kind': 'decision', 'step': 3, 'rule': 'r@1', 'decision': 'suspended', 'evidence': {}},
          {'kind': 'drift', 'step': 4, 'signature': 'unknown_tool|mul|mul(#,#)', 'rate': 0.3, 'examples': []}]
-  text = governance_report.write(str(tmp_path), rows, log)
+  text = report.write(str(tmp_path), rows, log)
   assert '| r@1 | 8 | 4 | -0.50 [-0.90, -0.10] | +2.00 | suspended at 3 |' in text
   assert '| 4 | `unknown_tool\\|mul\\|mul(#,#)` | 0.30 |' in text
   assert os.path.getsize(tmp_path / 'governance.png') > 10_000
 
 
 def test_governed_loop_probes_and_viewer_divergence(tmp_path):
-  """Two governed RL steps of a tiny model: real probes per rule@version; the viewer's per-token KL
+  """Two governed RL steps of a tiny model, sampled one step ahead: real probes per rule@version; the viewer's per-token KL
   equals one computed from a hinted forward of the teacher and a plain forward of the policy."""
   import jax
   from experiments import toolcalc_rl
   from research.model import transformer
-  from research.rl import loop, losses
-  from research.rl.trajectory import with_hint
+  from research.rl import loop
+  from research.rl.update import losses
+  from research.rl.rollout.trajectory import with_hint
   c = toolcalc_rl.get_config()
   m = c.model
   m.d_model, m.head_dim, m.num_heads, m.num_kv_heads, m.d_expert = 32, 16, 2, 1, 32
@@ -256,23 +264,28 @@ def test_governed_loop_probes_and_viewer_divergence(tmp_path):
   c.rl.steps, c.rl.tasks_per_step, c.rl.group_size = 2, 4, 2
   c.sampler.max_turns, c.sampler.max_turn_tokens, c.sampler.max_len = 3, 12, 96
   c.eval.every, c.eval.num_tasks, c.tensorboard = 2, 4, False
-  c.env.max_ops = 1
+  c.env.toolcalc.max_ops = 1
   c.critic.rules = ('unknown_tool', 'wrong_tool', 'malformed_call')  # An untrained model is malformed.
   c.governance.enabled, c.governance.probes_per_step, c.governance.k = True, 2, 2
+  c.rl.staleness = 1  # The sampler runs ahead on its thread; governance must still see each step's own hints.
   runner = loop.Runner(c, str(tmp_path))
   runner.run()
   rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  for r in (r for r in rows if r['step'] > 0 and 'feedback_count' in r):
+    fired = sum(v for k, v in r.items() if k.startswith('gov/') and k.endswith('/fires')
+                and r[k.replace('fires', 'active')] == 1.0)
+    assert fired == r['feedback_count'], r
   probed = [k for k in rows[-1] if k.startswith('gov/') and k.endswith('/probes') and rows[-1][k] > 0]
   assert probed and all(0 <= rows[-1][k.replace('probes', 'active')] <= 1 for k in probed)
-  ro = runner.rollouts(3, runner.params)
+  ro = runner.rollouts(3, runner.state.params)
   assert ro.feedback
-  teacher = runner.teacher.params(runner.params)
-  recs = probe.viewer_records(runner.sampler, runner.params, teacher, ro.trajs, ro.feedback[:1], 1)
+  teacher = runner.state.teacher.params(runner.state.params)
+  recs = probe.viewer_records(runner.sampler, runner.state.params, teacher, ro.trajs, ro.feedback[:1], 1)
   i, fb = ro.feedback[0]
   t, msg = ro.trajs[i], ro.trajs[i].messages[fb.message]
   ctx = with_hint(runner.tok, t, fb.message, fb.hint)
   lt = losses.tempered_log_softmax(transformer.forward(teacher, np.array([ctx.tokens]), runner.cfg)[0][0], 1.0)
-  ls = losses.tempered_log_softmax(transformer.forward(runner.params, np.array([t.tokens]), runner.cfg)[0][0], 1.0)
+  ls = losses.tempered_log_softmax(transformer.forward(runner.state.params, np.array([t.tokens]), runner.cfg)[0][0], 1.0)
   n = min(msg.end - msg.start, c.sampler.max_turn_tokens)
   pt, ps = lt[ctx.target[0] - 1:ctx.target[0] - 1 + n], ls[msg.start - 1:msg.start - 1 + n]
   ref = np.asarray((jax.numpy.exp(pt) * (pt - ps)).sum(-1))
@@ -284,13 +297,13 @@ def test_governed_loop_probes_and_viewer_divergence(tmp_path):
 def test_probe_skips_prefixes_that_leave_no_room():
   """A hinted prefix rendered from text can outgrow sampler.max_len: such a position is not probed."""
   from research.model.config import ModelConfig
-  from research.rl.sampler import Sampler, SamplerConfig
+  from research.rl.rollout.sampler import Sampler, SamplerConfig
   from research.tokenizer.base import ByteTokenizer
   tok = ByteTokenizer(tc.WORDS)
   # Hinted prefixes of 70, 101 and 113 tokens; a message needs 8 more.
   sampler = Sampler(ModelConfig(vocab_size=280), tok, SamplerConfig(max_len=100, max_turn_tokens=8))
   prober = probe.Prober(sampler, tc.ToolCalc(), k=2, probes_per_step=2)
-  t = _traj(tc.ToolCalc().reset(tc.Task((3, 4, 2), ('+', '*'))), ['add(3,4)', 'sub(3,4)', 'add(3,4)', 'ans(7)'])
+  t = _traj(tc.ToolCalc().reset(tc.Problem((3, 4, 2), ('+', '*'))), ['add(3,4)', 'sub(3,4)', 'add(3,4)', 'ans(7)'])
   fb = critics.Critic(['unknown_tool', 'wrong_tool'])(t)
   fits = [prober._fits(t, f) for f in fb]
   assert [f.message for f in fb] == [0, 1, 2] and fits == [True, False, False]
@@ -302,15 +315,14 @@ def test_governance_experiment_arms_and_its_harmful_rule():
   enabled as known to hurt fires on right `sub` calls and its reminder names a tool that does not
   exist, so a message that follows it fails where the original succeeded."""
   from experiments import governance as exp
-  from research.rl import loop
   for arm, (rules, governed, new_rules) in exp.ARMS.items():
-    c = configs.from_dict(loop.RLExperimentConfig, exp.get_config(arm, steps=3))
+    c = configs.from_dict(rl_config.RLExperimentConfig, exp.get_config(arm, steps=3))
     assert c.critic.rules == rules and c.governance.enabled == governed and c.rl.steps == 3
     assert [governance.parse_new_rule(s)[1].id for s in c.governance.new_rules] == [r['id'] for r in new_rules]
   at, spec = governance.parse_new_rule(json.dumps(exp.HARMFUL_RULE))
   assert at < exp.RENAME_STEP and exp.HARMFUL == 'stale_sub@1'
   env = tc.ToolCalc(renames=(f'{exp.RENAME_STEP}:*:times',))
-  task = tc.Task((9, 4, 2), ('-', '+'))
+  task = tc.Problem((9, 4, 2), ('-', '+'))
   critic = critics.Critic(['renamed_add'])
   critic.rules.append(critics.Template(spec))
   t = _traj(env.reset(task), ['sub(9,4)', 'plus(5,2)', 'ans(7)'])
@@ -326,7 +338,7 @@ def test_probe_samples_with_the_teachers_weights():
   import jax
   from research.model import transformer
   from research.model.config import ModelConfig
-  from research.rl.sampler import Sampler, SamplerConfig
+  from research.rl.rollout.sampler import Sampler, SamplerConfig
   from research.tokenizer.base import ByteTokenizer
   cfg = ModelConfig(vocab_size=280, d_model=32, num_heads=2, num_kv_heads=1, head_dim=16, num_layers=1,
                     num_experts=2, num_experts_per_tok=1, d_expert=32)
@@ -334,7 +346,7 @@ def test_probe_samples_with_the_teachers_weights():
   sampler = Sampler(cfg, ByteTokenizer(tc.WORDS), SamplerConfig(max_len=160, max_turn_tokens=8, max_turns=2))
   seen, rollout = [], sampler.rollout
   sampler.rollout = lambda params, eps, key, **kw: (seen.append(params), rollout(params, eps, key, **kw))[1]
-  t = _traj(tc.ToolCalc().reset(tc.Task((3, 4), ('+',))), ['add(3,4)', 'ans(7)'])
+  t = _traj(tc.ToolCalc().reset(tc.Problem((3, 4), ('+',))), ['add(3,4)', 'ans(7)'])
   fb = critics.Critic(['unknown_tool'])(t)
   probes = probe.Prober(sampler, tc.ToolCalc(), k=2, probes_per_step=1)(student, teacher, [t], [(0, fb[0])],
                                                                          jax.random.key(2))

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from research.model.config import ModelConfig
-from research.rl import logprobs, losses
+from research.rl.update import logprobs
+from research.rl.update import losses
 
 CFG = ModelConfig(vocab_size=97, d_model=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, d_ff=32,
                   dtype='float32')

@@ -18,12 +18,15 @@ from experiments.benchmarks import rl_scale
 from research import configs
 from research.hf import convert
 from research.model import transformer
-from research.rl import loop, teacher as teacher_lib
-from research.rl.critics import Feedback
-from research.rl.trajectory import Trajectory, to_batch
+from research.rl import loop
+from research.rl.update import teacher as teacher_lib
+from research.rl.feedback.critics import Feedback
+from research.rl.rollout.trajectory import Trajectory, to_batch
 from research.tokenizer import chat
 from research.tokenizer.hf import HFTokenizer
 from research.train import step as step_lib
+from research.rl import config as rl_config
+from research.rl.update import objective
 
 REQUIRED = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss',
             'rollout_tokens_per_s', 'logp_mismatch', 'time_sample', 'time_teacher', 'time_update')
@@ -38,7 +41,7 @@ def _tiny(steps=2) -> ml_collections.ConfigDict:
   c.sampler.max_turns, c.sampler.max_turn_tokens, c.sampler.max_len = 3, 12, 96
   c.eval.every, c.eval.num_tasks = 2, 8
   c.checkpoint_every, c.tensorboard = 1, False
-  c.env.max_ops = 1
+  c.env.toolcalc.max_ops = 1
   c.critic.rules = ('unknown_tool', 'wrong_tool', 'malformed_call')  # An untrained model is malformed.
   return c
 
@@ -74,12 +77,12 @@ def _fixture(tmp_path):
 
 def _run_updates(c, r, params, t, feedback, adv, n, teacher_params=None):
   """n train steps (research/train/step.py) on the RL objective for one trajectory."""
-  lc = configs.from_dict(loop.LossConfig, c.loss, 'loss')
+  lc = configs.from_dict(rl_config.LossConfig, c.loss, 'loss')
   tx = optax.adam(1e-2)
   frozen = jax.tree.map(jnp.copy, params if teacher_params is None else teacher_params)
   state = step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   step = jax.jit(functools.partial(step_lib.train_step, cfg=r.cfg, tx=tx, loss=functools.partial(
-      loop.objective, lc=lc, temperature=1.0)))
+      objective.objective, lc=lc, temperature=1.0)))
   rows = to_batch([t], 64, r.tok.pad_id)
   rows.update(adv=np.array([adv], np.float32), valid=np.ones(1, np.float32))
   tg = teacher_lib.build_targets(r.tok, [t], feedback, {0: 0}, 96, 12, 1)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.rl import losses
+from research.rl.update import losses
 
 
 def _logp(rng, *shape):

@@ -6,20 +6,25 @@ import numpy as np
 
 from experiments import repo_rl, repo_rl_table
 from research import configs
-from research.rl import critics, env_repo, loop, repo_oracle
-from research.rl import repo_tools as tools
+from research.rl.feedback import critics
+from research.rl.envs.repo import env as env_repo
+from research.rl import loop
+from research.rl.envs.repo import oracle as repo_oracle
 from research.rl.sft import render
-from research.rl.trajectory import Trajectory
+from research.rl.rollout.trajectory import Trajectory
 from research.tokenizer.base import ByteTokenizer
+from research.rl import config as rl_config
+from research.rl.envs import registry
+from research.rl.envs.repo import calls
 
-CHATML = tools.FORMATS['chatml']
+CHATML = calls.FORMATS['chatml']
 KEYS = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl', 'pg_loss', 'hack_rate',
         'env_seconds')
 
 
 def _config(task_dir):
   c = repo_rl.get_config()
-  c.env.tasks = str(task_dir / 'tasks.jsonl')
+  c.env.repo.tasks = str(task_dir / 'tasks.jsonl')
   c.sft.steps, c.sft.batch_size = 1, 2
   c.rl.steps, c.rl.tasks_per_step, c.rl.group_size = 1, 1, 2
   c.eval.num_tasks = 1
@@ -34,12 +39,12 @@ def _short(task_dir):
 
 
 def test_demonstrations_are_oracle_episodes_with_hints(repo_task_dir):
-  c = configs.from_dict(loop.RLExperimentConfig, _config(repo_task_dir))
-  env = loop.make_env(c.env)
+  c = configs.from_dict(rl_config.RLExperimentConfig, _config(repo_task_dir))
+  env = registry.make(c.env, "")
   env = env.renamed(('view', 'open'))  # RL's drift: the warm start still uses the tools' own names.
   demos = repo_oracle.Demonstrations(env, hint_fraction=1.0)(np.random.default_rng(0), 12)
   tok = ByteTokenizer(env.words)
-  pool = {n for names in env_repo.NAME_POOL.values() for n in names}
+  pool = {n for names in calls.NAME_POOL.values() for n in names}
   renamed = 0
   for conv in demos:  # Each ends with a critic's hint and the one trained message it asks for.
     assert conv[-2]['role'] == 'system' and conv[-1]['role'] == 'assistant'
@@ -71,9 +76,9 @@ def test_table_row_counts_calls_submits_and_drift(repo_task_dir):
   task = env.tasks[0]
   ep = env.reset(task)
   a = Trajectory.from_prompt([0], prompt=ep.prompt)
-  for message in [CHATML.render(tools.Call('view', {'path': task.file})),   # the old name
-                  CHATML.render(tools.Call('open', {'path': task.file})),   # the new one
-                  CHATML.render(tools.Call('submit', {}))]:                 # untested
+  for message in [CHATML.render(calls.Call('view', {'path': task.file})),   # the old name
+                  CHATML.render(calls.Call('open', {'path': task.file})),   # the new one
+                  CHATML.render(calls.Call('submit', {}))]:                 # untested
     a.add_model([1], [0.0], message).info = dict(ep.step(message).info)
   b = Trajectory.from_prompt([0], prompt=ep.prompt)
   other = env.reset(task)

@@ -16,7 +16,7 @@ TINY = {
     'sft.steps': 2, 'sft.batch_size': 8, 'rl.steps': 2, 'rl.tasks_per_step': 4, 'rl.group_size': 2,
     'rl.max_targets': 8, 'sampler.record_routes': True, 'sampler.max_turns': 2,
     'sampler.max_turn_tokens': 12, 'sampler.max_len': 96, 'eval.num_tasks': 8, 'eval.every': 2,
-    'env.max_ops': 1, 'tensorboard': False, 'optimizer.name': 'adamw',
+    'env.toolcalc.max_ops': 1, 'tensorboard': False, 'optimizer.name': 'adamw',
     'critic.rules': "('unknown_tool','wrong_tool','malformed_call')",
 }
 

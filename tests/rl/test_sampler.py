@@ -8,10 +8,10 @@ import pytest
 
 from research.model import transformer
 from research.model.config import ModelConfig
-from research.rl.env import Step
-from research.rl import losses
-from research.rl.sampler import Sampler, SamplerConfig, sample_logits
-from research.rl.trajectory import to_batch
+from research.rl.envs.base import Step
+from research.rl.update import losses
+from research.rl.rollout.sampler import Sampler, SamplerConfig, sample_logits
+from research.rl.rollout.trajectory import to_batch
 from research.tokenizer.base import ByteTokenizer
 
 TOK = ByteTokenizer()

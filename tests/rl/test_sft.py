@@ -4,7 +4,8 @@ import numpy as np
 
 from research.model import transformer
 from research.model.config import ModelConfig
-from research.rl import env_toolcalc, sft
+from research.rl.envs import toolcalc as env_toolcalc
+from research.rl import sft
 from research.tokenizer.base import ByteTokenizer
 from research.train import step as step_lib
 

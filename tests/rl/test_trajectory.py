@@ -1,9 +1,9 @@
 """Tokens in/out: masks cover only policy tokens; hint contexts and teacher targets line up."""
 import numpy as np
 
-from research.rl.critics import Feedback
-from research.rl.teacher import build_targets
-from research.rl.trajectory import Trajectory, routes_batch, to_batch, with_hint
+from research.rl.feedback.critics import Feedback
+from research.rl.update.teacher import build_targets
+from research.rl.rollout.trajectory import Trajectory, routes_batch, to_batch, with_hint
 from research.tokenizer import chat
 from research.tokenizer.base import ByteTokenizer
 

@@ -4,12 +4,12 @@ import shutil
 from apache_beam.options import pipeline_options
 from PIL import Image
 
-from research.tasks import beam_pipeline
-from research.tasks import envs
+from research.tasks.factory import beam
+from research.tasks.factory import venvs
 from research.tasks import factory
-from research.tasks import fixtures
+from research.tasks import testing
 from research.tasks import grading
-from research.tasks import sources
+from research.tasks.factory import sources
 from research.tasks import task as task_lib
 
 TARGETS = ('title_case', 'wrap')
@@ -25,22 +25,22 @@ def _records(out):
 
 
 def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path, monkeypatch):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
+  fx = testing.write_fixture(tmp_path / 'fx')
   copy = tmp_path / 'textops-copy'
   shutil.copytree(fx.repo, copy)
   wheels = tmp_path / 'wheels'
-  fixtures.write_wheel(wheels, 'numdep', '1.0', {'numdep.py': fixtures.NUMDEP})
+  testing.write_wheel(wheels, 'numdep', '1.0', {'numdep.py': testing.NUMDEP})
   repos = [sources.parse(str(fx.repo)), sources.parse(str(copy)),
            sources.parse(str(tmp_path / 'missing'))]
 
   def opts(out):
-    return beam_pipeline.Options(
+    return beam.Options(
         out=str(out), cache=str(tmp_path / 'cache'),
         settings=factory.Settings(modes=('body', 'function'), only=TARGETS, runs=1),
-        profiles={'textops': envs.Profile(inherit_site_packages=True)},
+        profiles={'textops': venvs.Profile(inherit_site_packages=True)},
         wheelhouse=str(wheels), shards=2)
   first = tmp_path / 'first'
-  beam_pipeline.run(repos, opts(first), _options(2, 'multi_processing'))
+  beam.run(repos, opts(first), _options(2, 'multi_processing'))
 
   tasks = [t for p in task_lib.shard_paths(first) for t in task_lib.read(p)]
   solutions = task_lib.read_solutions(first)
@@ -59,8 +59,8 @@ def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path,
     assert not (first / 'trees' / twin['candidate']).exists()
   assert rejected['repo/textops.core.wrap.function']['gate'] == 'not_importable'
   # Every task names its environment and passes in the grading sandbox with its interpreter.
-  env_ids = {t.environment for t in tasks}
-  assert len(env_ids) == 1 and all(t.python == str(tmp_path / 'cache/envs' / t.environment /
+  env_ids = {t.venv for t in tasks}
+  assert len(env_ids) == 1 and all(t.python == str(tmp_path / 'cache/venvs' / t.venv /
                                                    'bin/python') for t in tasks)
   for t in tasks[:2]:
     assert grading.grade(t, first / t.grading_tree, solutions[t.id].patch).reward == 1.0
@@ -75,7 +75,7 @@ def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path,
 
   # A second run (one worker process, a new output) writes the same records.
   second = tmp_path / 'second'
-  beam_pipeline.run(repos, opts(second), _options(1, 'in_memory'))
+  beam.run(repos, opts(second), _options(1, 'in_memory'))
   assert _records(second) == _records(first)
   assert (second / 'solutions.jsonl').read_bytes() == (first / 'solutions.jsonl').read_bytes()
 
@@ -83,5 +83,5 @@ def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path,
   def refuse(*args):
     raise AssertionError('a finished candidate was tried again')
   monkeypatch.setattr(factory, 'try_candidate', refuse)
-  beam_pipeline.run(repos, opts(second), _options(1, 'in_memory'))
+  beam.run(repos, opts(second), _options(1, 'in_memory'))
   assert _records(second) == _records(first)

@@ -2,7 +2,7 @@ import ast
 
 import pytest
 
-from research.tasks import deletion
+from research.tasks.factory import deletion
 
 SOURCE = '''\
 import functools

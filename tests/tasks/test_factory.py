@@ -4,12 +4,12 @@ import subprocess
 import sys
 
 from research.tasks import factory
-from research.tasks import fixtures
+from research.tasks import testing
 from research.tasks import grading
 from research.tasks import layout
-from research.tasks import scrub
+from research.tasks.factory import scrub
 from research.tasks import task as task_lib
-from research.tasks import taskset
+from research.tasks.factory import taskset
 
 
 def test_fixture_tasks_pass_every_gate(fixture_tasks):
@@ -65,9 +65,9 @@ def test_flaky_and_failing_tests_are_dropped():
 
 
 def test_bad_repositories_are_rejected_with_the_reason(tmp_path):
-  no_tests = fixtures.write_repo(tmp_path / 'no_tests',
+  no_tests = testing.write_repo(tmp_path / 'no_tests',
                                  {'pkg/__init__.py': 'def f():\n  return 1\n'})
-  broken = fixtures.write_repo(tmp_path / 'broken', {
+  broken = testing.write_repo(tmp_path / 'broken', {
       'pkg/__init__.py': 'def f():\n  return 1\n',
       'tests/test_pkg.py': 'import pkg\n\ndef test_f():\n  assert pkg.f() == 2\n'})
   results = {repo.name: factory.make_tasks(repo, tmp_path / 'out' / repo.name, progress=False,
@@ -80,9 +80,9 @@ def test_bad_repositories_are_rejected_with_the_reason(tmp_path):
 
 
 def test_an_installed_copy_of_the_original_is_a_leak(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
+  fx = testing.write_fixture(tmp_path / 'fx')
   installed = tmp_path / 'installed'
-  fixtures.install_copy(fx, installed)
+  testing.install_copy(fx, installed)
   summary = factory.make_tasks(fx.repo, tmp_path / 'out',
                                site_dirs=(str(fx.site), str(installed)), progress=False,
                                log=lambda _: None)
@@ -91,7 +91,7 @@ def test_an_installed_copy_of_the_original_is_a_leak(tmp_path):
 
 
 def test_cli_writes_array_records_that_grain_reads(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
+  fx = testing.write_fixture(tmp_path / 'fx')
   out = tmp_path / 'out'
   subprocess.run([sys.executable, '-m', 'launch.make_tasks', f'--repo={fx.repo}', f'--out={out}',
                   '--format=arrayrecord', '--modes=body', '--only=title_case', '--runs=1',
@@ -128,7 +128,7 @@ def test_near_duplicates_are_dropped_by_code_or_by_hole(fixture_tasks, tmp_path)
 
 
 def test_tasks_that_a_trivial_body_solves_are_rejected(tmp_path):
-  repo = fixtures.write_repo(tmp_path / 'weak', {
+  repo = testing.write_repo(tmp_path / 'weak', {
       'pkg/__init__.py': '''\
           class Tag:
 
@@ -258,7 +258,7 @@ def test_parametrize_lists_are_sealed_unless_rewriting_them_breaks_a_test(tmp_pa
       # with None there breaks every case, and the factory plants again without it.
       ('fixture', 'spelled', 'spelled',
        'import pytest\n\n@pytest.fixture\ndef spelled(word):\n  return word\n')):
-    repo = fixtures.write_repo(tmp_path / name, {
+    repo = testing.write_repo(tmp_path / name, {
         'pkg/__init__.py': module, 'tests/conftest.py': conftest,
         'tests/test_pkg.py': tests.format(fixture=fixture, argument=argument)})
     summary = factory.make_tasks(repo, tmp_path / 'out' / name, modes=('body',),

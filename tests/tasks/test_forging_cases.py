@@ -1,12 +1,12 @@
-"""CASES (research/tasks/attacks/forging.py): a forger that knows its own arguments finds, in the
+"""CASES (research/tasks/redteam/attacks/readers.py): a forger that knows its own arguments finds, in the
 calling test's parametrize cases, the one they pick; sealed parametrize arguments stop it."""
 import dataclasses
 
 from experiments.benchmarks import twin_kinds
 from research.tasks import grading
-from research.tasks import tamper
+from research.tasks.grading import tamper
 from research.tasks import task as task_lib
-from research.tasks.attacks import forging
+from research.tasks.redteam.attacks import readers
 
 
 def test_a_reader_of_parametrize_cases_is_rewarded_where_only_literals_are_sealed(fixture_tasks):
@@ -20,11 +20,11 @@ def test_a_reader_of_parametrize_cases_is_rewarded_where_only_literals_are_seale
   cases = [n for n in t.fail_to_pass if n.startswith('tests/test_core.py::test_slugify[')]
   assert len(cases) == 4
   t = dataclasses.replace(t, fail_to_pass=cases, twin_sites=[])
-  source = twin_kinds.forged_source(task_dir, t, reference, forging.CASES, with_args=True)
+  source = twin_kinds.forged_source(task_dir, t, reference, readers.CASES, with_args=True)
   assert '  _args = [text, sep]\n  _mine = list(_args)\n' in source
   assert tamper.scan((task_dir / t.tree / t.file).read_text(), source) == []
-  forged = twin_kinds.forged_patch(task_dir, t, reference, forging.CASES, with_args=True)
-  read = twin_kinds.forged_patch(task_dir, t, reference, forging.READER)
+  forged = twin_kinds.forged_patch(task_dir, t, reference, readers.CASES, with_args=True)
+  read = twin_kinds.forged_patch(task_dir, t, reference, readers.READER)
   # Literals sealed, case lists not (as grading sealed before it sealed parametrize arguments).
   literals = dataclasses.replace(t, sealed=[s for s in t.sealed if '::test_slugify[' not in s])
   g = grading.grade(literals, graded, forged)

@@ -7,9 +7,10 @@ import pytest
 
 from research.tasks import grading
 from research.tasks import patch as patch_lib
-from research.tasks import pool
 from research.tasks import sandbox
 from research.tasks import task as task_lib
+from research.tasks.grading import pool
+from research.tasks.grading import testrun
 
 
 def _load(task_dir, task_id):
@@ -49,7 +50,7 @@ def test_missing_skipped_and_xfailed_tests_count_as_failed():
       'error': {'setup': phase('failed'), 'teardown': phase('passed')},
       'missing': {'setup': phase('passed')},
   }
-  assert {k: grading._final_outcome(v) for k, v in cases.items()} == {k: k for k in cases}
+  assert {k: testrun._final_outcome(v) for k, v in cases.items()} == {k: k for k in cases}
 
 
 def test_a_harness_that_cannot_start_is_a_fault_not_a_zero(fixture_tasks):
@@ -140,7 +141,7 @@ def _trick():
     os.write = lambda fd, data: real(fd, data.replace(b'"failed"', b'"passed"'))
     os.write.forged = True
 '''),
-    # What the value checks planted in the tests rely on (research/tasks/value_twin.py).
+    # What the value checks planted in the tests rely on (research/tasks/grading/sandboxed/value_check.py).
     'value checks made predictable': ('patched at run time: os.urandom', '''
 def _trick():
   import os
@@ -281,7 +282,7 @@ def test_accounting_flags_duplicates_uncollected_and_unchecked_tests():
             *(test('x', w) for w in ('setup', 'call', 'teardown')),
             {'kind': 'check', 'nodeid': 'x', 'problems': []},
             {'kind': 'check', 'nodeid': 'x', 'problems': []}]
-  outcomes, _, problems = grading._account(events)
+  outcomes, _, problems = testrun._account(events)
   assert outcomes == {'a': 'passed', 'b': 'passed', 'x': 'passed'}
   assert problems == ['b reported twice', 'no integrity check after b', 'test code replaced: a',
                       'x checked 2 times', 'x reported but never collected']

@@ -5,13 +5,13 @@ import pytest
 
 from experiments.benchmarks import twin_kinds
 from research.tasks import factory
-from research.tasks import fixtures
+from research.tasks import testing
 from research.tasks import grading
-from research.tasks import isolation
-from research.tasks import seal
-from research.tasks import tamper
+from research.tasks.grading import isolation
+from research.tasks.grading import seal
+from research.tasks.grading import tamper
 from research.tasks import task as task_lib
-from research.tasks.attacks import forging
+from research.tasks.redteam.attacks import readers
 
 _TESTS = '''\
     import pytest
@@ -69,7 +69,7 @@ def _sealed(tree, answer):
 
 
 def test_a_test_whose_answer_another_test_holds_runs_alone(tmp_path):
-  tree = fixtures.write_repo(tmp_path / 'repo', {
+  tree = testing.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '', 'tests/test_pkg.py': textwrap.dedent(_TESTS),
       'tests/conftest.py': "LOUDER = 'HELLO!'\n",
       'tests/test_other.py': "def test_other():\n  assert 'HELLO!'\n"})
@@ -99,7 +99,7 @@ def test_a_test_whose_answer_another_test_holds_runs_alone(tmp_path):
 def test_a_test_is_not_isolated_where_that_hides_nothing(tmp_path):
   files = {'pkg/__init__.py': '', 'tests/test_pkg.py': textwrap.dedent(_TESTS)}
   for answer in ('said by a helper', 'not in any file'):
-    tree = fixtures.write_repo(tmp_path / answer.replace(' ', '_'), files)
+    tree = testing.write_repo(tmp_path / answer.replace(' ', '_'), files)
     sealing = _sealed(tree, answer)
     modules = isolation._parse(tree)
     assert isolation.plan([_SHOUT], modules, sealing, []) == {}
@@ -139,7 +139,7 @@ _ROUND_TRIP_AND_LOUDNESS = _ROUND_TRIP + '''
 def round_trip(tmp_path_factory):
   """The factory's `shout` task of the round trip: (task, grading tree, reference, out dir)."""
   root = tmp_path_factory.mktemp('round_trip')
-  repo = fixtures.write_repo(root / 'repo', {
+  repo = testing.write_repo(root / 'repo', {
       'pkg/__init__.py': textwrap.dedent(_MODULE),
       'tests/test_pkg.py': textwrap.dedent(_ROUND_TRIP_AND_LOUDNESS)})
   out = root / 'out'
@@ -154,7 +154,7 @@ def test_an_answer_another_test_holds_cannot_be_read_back(round_trip):
   t, tree, reference, out = round_trip
   assert f'{t.fail_to_pass[0]}@0' in t.sealed
   # It maps unshout(c) -> c over the test files' strings.
-  forged = twin_kinds.forged_patch(out, t, reference, forging.INVERSE, with_args=True)
+  forged = twin_kinds.forged_patch(out, t, reference, readers.INVERSE, with_args=True)
   assert grading.grade(t, tree, reference).reward == 1.0
   result = grading.grade(t, tree, forged)
   assert result.reward == 0.0 and result.tamper == []
@@ -166,9 +166,9 @@ def test_an_answer_another_test_holds_cannot_be_read_back(round_trip):
 def test_a_run_alone_gets_no_answers_from_another_run_through_the_keyring(round_trip,
                                                                           monkeypatch):
   t, tree, reference, out = round_trip
-  forged = twin_kinds.forged_patch(out, t, reference, forging.KEYRING, with_args=True)
+  forged = twin_kinds.forged_patch(out, t, reference, readers.KEYRING, with_args=True)
   stub = (out / t.tree / t.file).read_text()
-  source = twin_kinds.forged_source(out, t, reference, forging.KEYRING, with_args=True)
+  source = twin_kinds.forged_source(out, t, reference, readers.KEYRING, with_args=True)
   assert tamper.scan(stub, source) == ['pokes memory (ctypes)']
   # The static scanner flags ctypes; this is about the sandbox, so it is off for both arms.
   monkeypatch.setattr(tamper, 'scan', lambda old, new: [])

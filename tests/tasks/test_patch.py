@@ -1,3 +1,5 @@
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -6,6 +8,7 @@ import pytest
 
 from research.tasks import grading
 from research.tasks import patch as patch_lib
+from research.tasks import task as task_lib
 from research.tasks.task import Task
 
 
@@ -16,8 +19,18 @@ def _task(**overrides):
                 packages=['pkg'], python_path=[''], site_dirs=[], config_file=None,
                 time_limit_s=30.0, cpu_limit_s=10, tree='trees/t', grading_tree='trees/t',
                 visible_tests=True, twin_sites=[], max_twins=4, python=sys.executable,
-                environment=None, lines_deleted=1, covering_tests=1, cyclomatic=1)
+                venv=None, lines_deleted=1, covering_tests=1, cyclomatic=1, sealed=[])
   return Task(**{**fields, **overrides})
+
+
+def test_records_of_earlier_versions_are_upgraded_and_unknown_fields_named():
+  record = dataclasses.asdict(_task(sealed=['tests/test_mod.py::test_a@0']))
+  assert task_lib.decode(json.dumps(record)) == _task(sealed=['tests/test_mod.py::test_a@0'])
+  del record['sealed']  # Made before sealing, and before `environment` was `venv`.
+  record['environment'] = record.pop('venv')
+  assert task_lib.decode(json.dumps(record)).sealed == []
+  with pytest.raises(ValueError, match=r"unknown fields \['colour'\]"):
+    task_lib.decode(json.dumps({**record, 'colour': 'red'}))
 
 
 def _tree(root, files):

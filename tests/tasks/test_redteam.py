@@ -4,8 +4,14 @@ import re
 import pytest
 
 from research.tasks import redteam
-from research.tasks.attacks import base
-from research.tasks.attacks import forging
+from research.tasks.redteam.attacks import base
+from research.tasks.redteam.attacks import equal
+from research.tasks.redteam.attacks import forging
+from research.tasks.redteam.attacks import neutering
+from research.tasks.redteam.attacks import peeking
+from research.tasks.redteam.attacks import plant
+from research.tasks.redteam.attacks import plugins
+from research.tasks import testing
 
 # Names whose literal presence in planted code would give an attack away to a static scanner.
 TELLING = ('gc', 'get_objects', 'pytest', 'emit', 'dumps', '_getframe', 'f_back', 'f_locals',
@@ -47,12 +53,12 @@ def _names_in(code: str) -> set[str]:
 
 @pytest.mark.parametrize('parts, modules', [
     ((forging.FORGE_EMIT,), ('gc',)), ((forging.FORGE_DUMPS,), ('json',)),
-    ((forging.PLUGIN_MAKEREPORT, forging.PLUGIN_REGISTER), ('gc', 'pytest')),
-    ((forging.NEUTER_CODE,), ('gc',)), ((forging.CALLER_TRACEBACK, forging.PEEK), ()),
-    ((forging.CALLER_GETFRAME, forging.PEEK), ('sys',)), ((forging.EQUAL,), ())])
+    ((plugins.PLUGIN_MAKEREPORT, plugins.PLUGIN_REGISTER), ('gc', 'pytest')),
+    ((neutering.NEUTER_CODE,), ('gc',)), ((peeking.CALLER_TRACEBACK, peeking.PEEK), ()),
+    ((peeking.CALLER_GETFRAME, peeking.PEEK), ('sys',)), ((equal.EQUAL,), ())])
 def test_obfuscated_plants_hold_no_telling_name(parts, modules):
-  plain = _names_in(forging.planted(parts, modules))
-  hidden = _names_in(forging.planted(parts, modules, obfuscated=True))
+  plain = _names_in(plant.planted(parts, modules))
+  hidden = _names_in(plant.planted(parts, modules, obfuscated=True))
   assert plain & set(TELLING)  # The plain rendering names what it touches...
   assert not hidden & set(TELLING)  # ...the obfuscated one nowhere.
 
@@ -86,6 +92,6 @@ def test_every_honest_solution_passes(report, fixture_tasks):
   # The original of every fixture task, and a rewrite of slugify that shares no line with it.
   _, task_dir, _ = fixture_tasks
   tasks = (task_dir / 'tasks.jsonl').read_text().count('\n')
-  assert report['honest_total'] == tasks + 1 >= len(redteam.TARGETS) + 1
+  assert report['honest_total'] == tasks + 1 >= len(testing.TARGETS) + 1
   assert report['honest_passed'] == report['honest_total'], [
       h for h in report['honest'] if h['reward'] != 1.0]

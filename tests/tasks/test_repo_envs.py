@@ -3,14 +3,14 @@ import subprocess
 
 import pytest
 
-from research.tasks import envs
-from research.tasks import fixtures
+from research.tasks.factory import venvs
+from research.tasks import testing
 from research.tasks import sandbox
-from research.tasks import sources
+from research.tasks.factory import sources
 
 
 def test_requirements_come_from_every_kind_of_metadata(tmp_path):
-  repo = fixtures.write_repo(tmp_path / 'lib', {
+  repo = testing.write_repo(tmp_path / 'lib', {
       'lib/__init__.py': '',
       'pyproject.toml': '[project]\nname = "Lib"\ndependencies = ["attrs>=20", "lib[extra]"]\n'
                         '[project.optional-dependencies]\ntest = ["hypothesis", "lib[test]"]\n'
@@ -24,26 +24,26 @@ def test_requirements_come_from_every_kind_of_metadata(tmp_path):
       'noxfile.py': 'import nox\n\n@nox.session\ndef tests(session):\n'
                     '  session.install("-e", ".", "pytest-timeout==2.1")\n  session.run("pytest")\n\n'
                     '@nox.session\ndef lint(session):\n  session.install("flake8")\n'})
-  profile = envs.Profile.from_dict({'requirements': ['attrs==23.1.0', 'coverage==7.0']})
+  profile = venvs.Profile.from_dict({'requirements': ['attrs==23.1.0', 'coverage==7.0']})
   # The profile's pins win, the repository itself and markers that do not hold are left out,
   # tox's `pytest<8` stands in for the default tool, and only test extras and sessions count.
-  assert envs.requirements(repo, profile) == (
+  assert venvs.requirements(repo, profile) == (
       'attrs==23.1.0', 'coverage==7.0', 'freezegun==1.0', 'hypothesis', 'mock', 'pytest<8',
       'pytest-timeout==2.1', 'six', 'toolz')
 
 
 def test_profiles_reject_unknown_keys_and_bare_strings():
   with pytest.raises(ValueError, match="unknown environment profile keys \\['pins'\\]"):
-    envs.Profile.from_dict({'pins': ['pytest==7.4.4']})
+    venvs.Profile.from_dict({'pins': ['pytest==7.4.4']})
   with pytest.raises(ValueError, match='must be a list of strings'):
-    envs.Profile.from_dict({'requirements': 'pytest==7.4.4'})
+    venvs.Profile.from_dict({'requirements': 'pytest==7.4.4'})
 
 
 def _wheelhouse(tmp_path):
   """numdep, and a dependency that vendors and installs copies of the fixture's package."""
   wheels = tmp_path / 'wheels'
-  fixtures.write_wheel(wheels, 'numdep', '1.0', {'numdep.py': fixtures.NUMDEP})
-  fixtures.write_wheel(wheels, 'vendorer', '2.0', {
+  testing.write_wheel(wheels, 'numdep', '1.0', {'numdep.py': testing.NUMDEP})
+  testing.write_wheel(wheels, 'vendorer', '2.0', {
       'vendorer/__init__.py': 'from vendorer._vendor import textops\n',
       'vendorer/_vendor/__init__.py': '',
       'vendorer/_vendor/textops/__init__.py': 'def slugify(text): return text\n',
@@ -52,12 +52,12 @@ def _wheelhouse(tmp_path):
 
 
 def test_an_environment_is_built_offline_cached_read_only_and_without_copies(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
+  fx = testing.write_fixture(tmp_path / 'fx')
   wheels = _wheelhouse(tmp_path)
-  profile = envs.Profile(requirements=('vendorer==2.0',), inherit_site_packages=True)
-  spec = envs.spec_for(fx.repo, ['textops'], profile, wheelhouse=str(wheels))
+  profile = venvs.Profile(requirements=('vendorer==2.0',), inherit_site_packages=True)
+  spec = venvs.spec_for(fx.repo, ['textops'], profile, wheelhouse=str(wheels))
   assert spec.requirements == ('coverage', 'numdep', 'pytest', 'vendorer==2.0')
-  env = envs.build(spec, tmp_path / 'cache')
+  env = venvs.build(spec, tmp_path / 'cache')
   manifest = env.manifest()
   assert manifest['id'] == spec.id == env.path.name
   assert manifest['removed'] == ['textops', 'vendorer/_vendor/textops']
@@ -78,20 +78,20 @@ def test_an_environment_is_built_offline_cached_read_only_and_without_copies(tmp
     assert listed.returncode == 0 and listed.output == ''
   # The same spec again is the same directory, not a second build.
   (tmp_path / 'marker').write_text('')
-  assert envs.build(spec, tmp_path / 'cache') == env
+  assert venvs.build(spec, tmp_path / 'cache') == env
   assert sorted(p.name for p in (tmp_path / 'cache').iterdir()) == [spec.id]
 
 
 def test_a_failed_install_names_the_requirements(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
-  spec = envs.spec_for(fx.repo, ['textops'], envs.Profile(requirements=('nosuchthing==9',)),
+  fx = testing.write_fixture(tmp_path / 'fx')
+  spec = venvs.spec_for(fx.repo, ['textops'], venvs.Profile(requirements=('nosuchthing==9',)),
                        wheelhouse=str(_wheelhouse(tmp_path)))
   with pytest.raises(RuntimeError, match="environment install failed for .*'nosuchthing==9'"):
-    envs.build(spec, tmp_path / 'cache')
+    venvs.build(spec, tmp_path / 'cache')
 
 
 def test_sources_are_parsed_fetched_and_listed(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
+  fx = testing.write_fixture(tmp_path / 'fx')
   sdist = tmp_path / 'textops-0.1.tar.gz'
   subprocess.run(['tar', 'czf', str(sdist), '-C', str(fx.repo.parent), fx.repo.name], check=True)
   listing = tmp_path / 'repos.txt'
@@ -111,7 +111,7 @@ def test_sources_are_parsed_fetched_and_listed(tmp_path):
 
 
 def test_the_spec_hash_names_what_decides_the_contents():
-  spec = envs.Spec('/usr/bin/python3', '3.11', ('pytest',), ('m',), (), None)
-  assert spec.id == envs.Spec('/usr/bin/python3', '3.11', ('pytest',), ('m',), (), None).id
-  assert spec.id != envs.Spec('/usr/bin/python3', '3.11', ('pytest==7.4.4',), ('m',), (), None).id
-  assert spec.id != envs.Spec('/usr/bin/python3', '3.12', ('pytest',), ('m',), (), None).id
+  spec = venvs.Spec('/usr/bin/python3', '3.11', ('pytest',), ('m',), (), None)
+  assert spec.id == venvs.Spec('/usr/bin/python3', '3.11', ('pytest',), ('m',), (), None).id
+  assert spec.id != venvs.Spec('/usr/bin/python3', '3.11', ('pytest==7.4.4',), ('m',), (), None).id
+  assert spec.id != venvs.Spec('/usr/bin/python3', '3.12', ('pytest',), ('m',), (), None).id

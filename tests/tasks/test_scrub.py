@@ -1,6 +1,6 @@
-from research.tasks import fixtures
+from research.tasks import testing
 from research.tasks import layout
-from research.tasks import scrub
+from research.tasks.factory import scrub
 
 DELETED = '''\
   decomposed = unicodedata.normalize('NFKD', text)
@@ -16,7 +16,7 @@ def test_fingerprints_skip_short_and_still_visible_lines():
 
 
 def test_policy_tree_drops_artifacts_and_history(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx', artifacts=True)
+  fx = testing.write_fixture(tmp_path / 'fx', artifacts=True)
   prints = scrub.fingerprints(DELETED, [])
   leaks = scrub.scan_tree(fx.repo, prints)
   # The checkout leaks through history and every kind of artifact.
@@ -38,10 +38,10 @@ def test_policy_tree_drops_artifacts_and_history(tmp_path):
 
 
 def test_environment_scan_finds_an_installed_copy(tmp_path):
-  fx = fixtures.write_fixture(tmp_path / 'fx')
+  fx = testing.write_fixture(tmp_path / 'fx')
   site = tmp_path / 'site'
-  fixtures.install_copy(fx, site)
+  testing.install_copy(fx, site)
   prints = {'fold': scrub.fingerprints(DELETED, [])}
-  assert scrub.scan_environment([str(site)], prints) == {
+  assert scrub.scan_venv([str(site)], prints) == {
       'fold': [str(site / 'textops/core.py')]}
-  assert scrub.scan_environment([str(fx.site)], prints) == {}
+  assert scrub.scan_venv([str(fx.site)], prints) == {}

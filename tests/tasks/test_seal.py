@@ -18,16 +18,18 @@ import pytest
 from research.tasks import grading
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
-from research.tasks import seal
+from research.tasks.grading import seal
 from research.tasks import task as task_lib
-from research.tasks import twins
-from research.tasks.attacks import forging
+from research.tasks.grading import testsource
+from research.tasks.grading import twins
+from research.tasks.redteam.attacks import readers
+from research.tasks.grading.sandboxed import record
 
 
 def _recorded(value) -> str:
-  seal.record.seen = []
-  assert seal.record(value, 'tok') is True
-  (token, text), = seal.record.seen
+  record.record.seen = []
+  assert record.record(value, 'tok') is True
+  (token, text), = record.record.seen
   assert token == 'tok'
   return text
 
@@ -91,13 +93,13 @@ def test_a_question_mark_is_a_string_like_any_other():
 
 
 def test_a_loop_over_one_assert_records_each_value_once_and_a_few_at_most():
-  seal.record.seen = []
+  record.record.seen = []
   for _ in range(100):
-    seal.record('same', 'a')
+    record.record('same', 'a')
   for i in range(20):
-    seal.record(i, 'b')
+    record.record(i, 'b')
   texts = collections.defaultdict(list)
-  for token, text in seal.record.seen:
+  for token, text in record.record.seen:
     texts[token].append(seal.decode(text))
   assert texts['a'] == ['same']
   assert texts['b'] == [*range(8), seal.OPAQUE]  # Unequal to any literal: the test fails.
@@ -267,7 +269,7 @@ def test_candidates_are_the_literal_comparisons(tmp_path):
 def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path):
   tree = _tree(tmp_path / 'tree')
   functions = seal.candidates(tree, _REQUIRED)
-  sealing = seal.plant(tree, functions, [], random.Random(0))
+  sealing = seal.seal_asserts(tree, functions, [], random.Random(0))
   text = (tree / 'tests' / 'test_mod.py').read_text()
   assert "== ['a', 'b']" not in text and 'is True' not in text
   assert '== 2' not in _function_text(tree, 'test_words')
@@ -300,7 +302,7 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   # Wrong code passes every sealed assert in pytest, and fails each in the harness.
   wrong = tmp_path / 'wrong'
   _tree(wrong, _MOD.replace('return text.split()', "return text.split() or ['']"))
-  sealing = seal.plant(wrong, seal.functions(sealed), [], random.Random(0))
+  sealing = seal.seal_asserts(wrong, seal.functions(sealed), [], random.Random(0))
   run = grading.restored(_run(wrong, tmp_path / 'run2'), sealing)
   assert run.outcomes['tests/test_mod.py::test_words'] == 'passed'
   unmet, flags = seal.judge(run.seals, sealing, sealed)
@@ -331,12 +333,12 @@ def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():
 def test_twin_copies_are_sealed_with_their_own_literal(tmp_path):
   tree = _tree(tmp_path / 'tree')
   site = twins.Site('tests/test_mod.py::test_words', 1)  # `mod.count('a b') == 2`
-  planted = twins.plant(tree, [site], random.Random(3))
+  planted = twins.plant_twins(tree, [site], random.Random(3))
   assert [t.kind for t in planted] == ['literal']
-  sealing = seal.plant(tree, {'tests/test_mod.py::test_words': [0, 1, 2]}, planted,
+  sealing = seal.seal_asserts(tree, {'tests/test_mod.py::test_words': [0, 1, 2]}, planted,
                        random.Random(0))
   text = _function_text(tree, 'test_words') + _function_text(
-      tree, twins.locate(ast.parse((tree / 'tests' / 'test_mod.py').read_text()),
+      tree, testsource.locate(ast.parse((tree / 'tests' / 'test_mod.py').read_text()),
                          planted[0].nodeid).func.name)
   assert '== 2' not in text and "== ['a', 'b']" not in text
   assert sealing.sealed_twins == {planted[0].nodeid}
@@ -360,9 +362,9 @@ def _function_text(tree: Path, name: str) -> str:
 
 def test_a_twin_of_assert_is_changes_the_singleton_and_is_sealed(tmp_path):
   tree = _tree(tmp_path / 'tree')
-  planted = twins.plant(tree, [twins.Site(_UNIT, 2)], random.Random(0))  # assertIs(..., True)
+  planted = twins.plant_twins(tree, [twins.Site(_UNIT, 2)], random.Random(0))  # assertIs(..., True)
   assert [t.kind for t in planted] == ['literal']
-  sealing = seal.plant(tree, {_UNIT: [1, 2]}, planted, random.Random(0))
+  sealing = seal.seal_asserts(tree, {_UNIT: [1, 2]}, planted, random.Random(0))
   assert sealing.sealed_twins == {planted[0].nodeid}
   copy = {e.ordinal: e.value for e in sealing.expect.values()
           if e.function == seal.function_of(planted[0].nodeid)}
@@ -373,9 +375,9 @@ def test_a_twin_changed_inside_a_sealed_assert_fails_in_the_harness_only(tmp_pat
   # `[]` holds no constant: the twin changes the input instead (an expression twin).
   tree = _tree(tmp_path / 'tree')
   site = twins.Site('tests/test_mod.py::test_blank', 0, 11)
-  planted = twins.plant(tree, [site], random.Random(0))
+  planted = twins.plant_twins(tree, [site], random.Random(0))
   assert [t.kind for t in planted] == ['expression']
-  sealing = seal.plant(tree, {'tests/test_mod.py::test_blank': [0]}, planted, random.Random(0))
+  sealing = seal.seal_asserts(tree, {'tests/test_mod.py::test_blank': [0]}, planted, random.Random(0))
   assert sealing.sealed_twins == {planted[0].nodeid}
   run = _run(tree, tmp_path / 'run')
   assert run.outcomes[planted[0].nodeid] == 'passed'
@@ -388,11 +390,11 @@ def test_checked_tests_are_sealed_too(tmp_path):
   tree = _tree(tmp_path / 'tree')
   checked = [twins.Site('tests/test_mod.py::test_words', twins.VALUE, 7),
              twins.Site(_UNIT, twins.VALUE, 7)]
-  twins.plant(tree, [], random.Random(0), checked)
+  twins.plant_twins(tree, [], random.Random(0), checked)
   text = (tree / 'tests' / 'test_mod.py').read_text()
   assert 'lambda first, second' in text and "['a', 'b'], 7, False, True)" in text
   functions = {'tests/test_mod.py::test_words': [0, 1, 2], _UNIT: [1]}
-  sealing = seal.plant(tree, functions, [], random.Random(0))
+  sealing = seal.seal_asserts(tree, functions, [], random.Random(0))
   text = _function_text(tree, 'test_words') + _function_text(tree, 'test_count')
   assert "['a', 'b']" not in text and ', 3' not in text and '[]' not in text
   run = _run(tree, tmp_path / 'run')
@@ -405,9 +407,9 @@ def test_checked_tests_are_sealed_too(tmp_path):
 def test_a_record_that_does_not_match_the_task_is_an_error(tmp_path):
   tree = _tree(tmp_path / 'tree')
   with pytest.raises(seal.SealError, match='no sealable comparison'):
-    seal.plant(tree, {'tests/test_mod.py::test_flag': [1]}, [], random.Random(0))
+    seal.seal_asserts(tree, {'tests/test_mod.py::test_flag': [1]}, [], random.Random(0))
   with pytest.raises(seal.SealError, match='has no assert 5'):
-    seal.plant(tree, {'tests/test_mod.py::test_flag': [5]}, [], random.Random(0))
+    seal.seal_asserts(tree, {'tests/test_mod.py::test_flag': [5]}, [], random.Random(0))
 
 
 def test_a_reader_of_expectations_is_rewarded_without_seals_and_fails_with_them(fixture_tasks):
@@ -419,7 +421,7 @@ def test_a_reader_of_expectations_is_rewarded_without_seals_and_fails_with_them(
   # Twins only of tests that do not call title_case, so that only the seals stand in the way.
   t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'title_case' not in s])
   source = (tree / t.file).read_text().replace(
-      '  raise NotImplementedError\n', textwrap.indent(forging.READER, '  '), 1)
+      '  raise NotImplementedError\n', textwrap.indent(readers.READER, '  '), 1)
   forged = patch_lib.file_diff(t.file, patch_lib.read_entry(tree / t.file),
                                (source.encode(), '100644'))
   unsealed = grading.grade(dataclasses.replace(t, sealed=[]), graded, forged)
@@ -507,12 +509,12 @@ def test_parametrize_arguments_leave_the_module_and_cases_keep_their_names(tmp_p
   assert functions == {'tests/test_mod.py::test_plural': [0, 1, 2],
                        'tests/test_mod.py::test_singular': [0]}
   site = twins.Site('tests/test_mod.py::test_plural[box-boxes]', 0)
-  planted = twins.plant(tree, [site], random.Random(1))
+  planted = twins.plant_twins(tree, [site], random.Random(1))
   assert [t.kind for t in planted] == ['case']
   pairs, = [n.value for n in ast.parse((tree / 'tests' / 'test_mod.py').read_text()).body
             if isinstance(n, ast.Assign) and n.targets[0].id == 'PAIRS']
   order = [ast.literal_eval(e)[0] for e in pairs.elts]
-  sealing = seal.plant(tree, functions, planted, random.Random(0))
+  sealing = seal.seal_asserts(tree, functions, planted, random.Random(0))
   text = (tree / 'tests' / 'test_mod.py').read_text()
   assert 'PAIRS = None' in text and 'irregular' not in text
   # The first list keeps the constant's order (a test may rely on it); the others are shuffled.
@@ -543,7 +545,7 @@ def test_parametrize_arguments_leave_the_module_and_cases_keep_their_names(tmp_p
 
   # Code that passes only where it can read the answer fails where the answer left the module.
   wrong = _case_tree(tmp_path / 'wrong', _CASE_MOD.replace("return word + 'es'", 'return word'))
-  sealing = seal.plant(wrong, seal.functions(sealed), [], random.Random(0))
+  sealing = seal.seal_asserts(wrong, seal.functions(sealed), [], random.Random(0))
   run = grading.restored(_run(wrong, tmp_path / 'run2'), sealing)
   unmet, _ = seal.judge(run.seals, sealing, sealed)
   assert run.outcomes['tests/test_mod.py::test_plural[box-boxes]'] == 'passed'  # In pytest.
@@ -578,7 +580,7 @@ def test_no_list_keeps_an_answer_beside_its_input(tmp_path):
   required = _CASES + [f'tests/test_mod.py::test_pair[{a}-{b}]' for a, b in _PAIRS]
   functions = seal.candidates(tree, required)
   assert set(functions) == {'tests/test_mod.py::test_plural', 'tests/test_mod.py::test_singular'}
-  sealing = seal.plant(tree, functions, [], random.Random(0))
+  sealing = seal.seal_asserts(tree, functions, [], random.Random(0))
   run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
   assert all(o == 'passed' for o in run.outcomes.values()) and len(run.outcomes) == 14
   assert seal.verified(run.seals, sealing, required) == []

@@ -6,8 +6,8 @@ import sysconfig
 import pytest
 
 from experiments.benchmarks import tamper_fp
-from research.tasks import fixtures
-from research.tasks import tamper
+from research.tasks import testing
+from research.tasks.grading import tamper
 
 HONEST = '''
 import re
@@ -245,7 +245,7 @@ def test_folding_stays_bounded():
 
 def test_fixture_originals_are_not_flagged(tmp_path):
   """Every task the factory could make from the fixture: its honest solution is clean."""
-  for rel, text in fixtures.FILES.items():
+  for rel, text in testing.FILES.items():
     if rel.startswith('textops/'):
       (tmp_path / 'textops' / rel).parent.mkdir(parents=True, exist_ok=True)
       (tmp_path / 'textops' / rel).write_text(text)

@@ -10,13 +10,14 @@ import pytest
 
 from experiments.benchmarks import twin_kinds
 from research.tasks import factory
-from research.tasks import fixtures
+from research.tasks import testing
 from research.tasks import grading
 from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import task as task_lib
-from research.tasks import twins
-from research.tasks import value_twin
+from research.tasks.grading import testsource
+from research.tasks.grading import twins
+from research.tasks.grading.sandboxed import value_check
 
 MODULE = '''\
 import unittest
@@ -134,7 +135,7 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   # test too; but not one comparing two computed values (test_parse_joined's, one of
   # DoubleCase's). Each unparametrized test with an `a == b` has a value twin in two seeds.
   assert len(sites) == 3 + 2 + 2 + 3 + 0 + 1 + 2 + 4 + 1 + 1 + 2 * 5
-  planted = twins.plant(tmp_path, sites + sites, random.Random(0))
+  planted = twins.plant_twins(tmp_path, sites + sites, random.Random(0))
   assert collections.Counter(t.kind for t in planted) == {
       'case': 14, 'literal': 10, 'negated': 10, 'value': 20, 'raises': 4}
   text = (tmp_path / 'test_mod.py').read_text()
@@ -180,7 +181,7 @@ def test_each_planting_draws_fresh_names_and_values(tmp_path):
     tree = tmp_path / str(seed)
     tree.mkdir()
     (tree / 'test_mod.py').write_text(MODULE)
-    made.append(twins.plant(tree, [twins.Site('test_mod.py::TestDouble::test_string', 0),
+    made.append(twins.plant_twins(tree, [twins.Site('test_mod.py::TestDouble::test_string', 0),
                                    twins.Site('test_mod.py::test_double[3-6]', 0)],
                             random.Random(seed)))
     assert ast.parse((tree / 'test_mod.py').read_text())
@@ -232,7 +233,7 @@ def test_negated():
   (tmp_path / 'test_mod.py').write_text(forged)
   sites = twins.candidate_sites(tmp_path, ['test_mod.py::test_parse_joined'])
   assert len(sites) == 2 and all(s.seed is not None for s in sites)
-  planted = twins.plant(tmp_path, sites, random.Random(0))
+  planted = twins.plant_twins(tmp_path, sites, random.Random(0))
   ids = ['test_mod.py::test_parse_joined', 'test_mod.py::test_negated']
   outcomes = _pytest_outcomes(tmp_path, ids + [t.nodeid for t in planted])
   # The forger passes the test, and fails the negated assert exactly as correct code does...
@@ -264,7 +265,7 @@ def test_a_value_twin_in_a_helper_called_with_several_pairs(tmp_path):
                              (HELPER_MODULE.replace('  return text.split(SEP)\n', SAME), 'passed')):
     (tmp_path / 'test_mod.py').write_text(code)
     sites = twins.candidate_sites(tmp_path, ['test_mod.py::test_pairs'])
-    planted = twins.plant(tmp_path, sites, random.Random(0))
+    planted = twins.plant_twins(tmp_path, sites, random.Random(0))
     outcomes = _pytest_outcomes(tmp_path, ['test_mod.py::test_pairs'] + [t.nodeid for t in planted])
     assert outcomes.pop('test_mod.py::test_pairs') == 'passed'
     assert [t.kind for t in planted] == ['value', 'value']
@@ -276,7 +277,7 @@ def test_value_twins_of_sides_that_are_no_call_argument_as_written(tmp_path):
       'SEP = ","\n\n\ndef test_walrus():\n  assert (n := SEP.join(SEP)) == SEP.join(SEP)\n\n\n'
       'def test_tuple():\n  assert (SEP, SEP) == tuple(SEP + SEP)\n')
   ids = ['test_mod.py::test_walrus', 'test_mod.py::test_tuple']
-  planted = twins.plant(tmp_path, twins.candidate_sites(tmp_path, ids), random.Random(0))
+  planted = twins.plant_twins(tmp_path, twins.candidate_sites(tmp_path, ids), random.Random(0))
   assert [t.kind for t in planted] == ['value'] * 4
   outcomes = _pytest_outcomes(tmp_path, ids + [t.nodeid for t in planted])
   assert [outcomes.pop(i) for i in ids] == ['passed', 'passed']
@@ -316,7 +317,7 @@ def test_decorated_first():
 ''')
   ids = ['test_mod.py::Case::test_message', 'test_mod.py::test_decorated_first']
   sites = twins.candidate_sites(tmp_path, ids)
-  planted = twins.plant(tmp_path, sites + sites, random.Random(0))
+  planted = twins.plant_twins(tmp_path, sites + sites, random.Random(0))
   assert collections.Counter(t.kind for t in planted) == {'value': 8, 'literal': 2, 'expression': 4}
   outcomes = _pytest_outcomes(tmp_path, ids + [t.nodeid for t in planted])
   assert [outcomes.pop(i) for i in ids] == ['passed', 'passed']
@@ -328,7 +329,7 @@ def test_sites_of_tasks_made_before_value_twins_keep_their_negated_twins(tmp_pat
   old = [twins.Site('test_mod.py::test_parse_joined', 0),
          twins.Site('test_mod.py::DoubleCase::test_values', 3)]
   assert not set(old) & set(twins.candidate_sites(tmp_path, [s.test for s in old]))
-  planted = twins.plant(tmp_path, old, random.Random(0))
+  planted = twins.plant_twins(tmp_path, old, random.Random(0))
   text = (tmp_path / 'test_mod.py').read_text()
   assert [t.kind for t in planted] == ['negated', 'negated']
   assert 'assert not parse(SEP.join(WORDS)) == WORDS' in text
@@ -338,9 +339,9 @@ def test_sites_of_tasks_made_before_value_twins_keep_their_negated_twins(tmp_pat
 def test_value_sites_of_older_records_plant_twins_without_copies(tmp_path):
   (tmp_path / 'test_mod.py').write_text(MODULE)
   old = twins.Site('test_mod.py::test_parse_joined', twins.WHOLE, 5)
-  with pytest.raises(twins.TwinError, match='not one seeded VALUE site'):
-    twins.plant(tmp_path, [], random.Random(0), [old])
-  planted = twins.plant(tmp_path, [old], random.Random(0))
+  with pytest.raises(testsource.Unplantable, match='not one seeded VALUE site'):
+    twins.plant_twins(tmp_path, [], random.Random(0), [old])
+  planted = twins.plant_twins(tmp_path, [old], random.Random(0))
   assert [t.kind for t in planted] == ['value']
   text = (tmp_path / 'test_mod.py').read_text()
   assert ', 5, True, False)' in text and 'parse(SEP.join(WORDS)) == WORDS' in text
@@ -358,7 +359,7 @@ for module in list(sys.modules.values()):
 
 
 def test_value_twins_in_grading(tmp_path):
-  repo = fixtures.write_repo(tmp_path / 'repo', {
+  repo = testing.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
           def pairs(items):
             """Adjacent pairs: [1, 2, 3] -> [(1, 2), (2, 3)]."""
@@ -431,7 +432,7 @@ def test_checked_tests_and_their_twins(tmp_path):
       'test_mod.py::DoubleCase::test_values', 'test_mod.py::TestDouble::test_string',
       'test_mod.py::TestDouble::test_zero', 'test_mod.py::test_parse',
       'test_mod.py::test_parse_joined']
-  planted = twins.plant(tmp_path, sites, random.Random(0), checked)
+  planted = twins.plant_twins(tmp_path, sites, random.Random(0), checked)
   tree = ast.parse((tmp_path / 'test_mod.py').read_text())
   funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
   # One copy of the checks in the module; each checked test, and each of its function twins,
@@ -448,12 +449,12 @@ def test_checked_tests_and_their_twins(tmp_path):
   # A forger: its checked originals fail, where `a == b` held, with the message grading flags.
   forged = MODULE.replace("  return text.split(',')\n", SAME, 1)
   (tmp_path / 'test_mod.py').write_text(forged)
-  twins.plant(tmp_path, [], random.Random(0), checked)
+  twins.plant_twins(tmp_path, [], random.Random(0), checked)
   done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rA', '-p', 'no:cacheprovider',
                          '--tb=short', 'test_mod.py'], cwd=tmp_path, capture_output=True, text=True)
   sections = re.split(r'\n_+ (\S+) _+\n', done.stdout.split('= PASSES =')[0])[1:]
   flagged = {name for name, text in zip(sections[::2], sections[1::2])
-             if value_twin.FAILED.search(text)}
+             if value_check.FAILED.search(text)}
   # (DoubleCase fails before its `a == b`, at an assertTrue the forger's empty list fails.)
   assert flagged == {'test_parse', 'test_parse_joined'}
 
@@ -461,7 +462,7 @@ def test_checked_tests_and_their_twins(tmp_path):
 def test_the_factory_keeps_value_sites_only_where_the_checked_test_passes(tmp_path):
   # test_lines reads its own line numbers: a checked copy of it (which defines the checks first)
   # fails with correct code, while its value twin fails as a twin should; it keeps no value site.
-  repo = fixtures.write_repo(tmp_path / 'repo', {
+  repo = testing.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
           def pairs(items):
             """Adjacent pairs: [1, 2, 3] -> [(1, 2), (2, 3)]."""
@@ -645,7 +646,7 @@ def test_forging_the_visible_names_leaves_the_hidden_tests_failing(fixture_tasks
 
 
 def test_factory_rejects_a_task_without_twins_and_keeps_visible_tests_on_request(tmp_path):
-  repo = fixtures.write_repo(tmp_path / 'repo', {
+  repo = testing.write_repo(tmp_path / 'repo', {
       'pkg/__init__.py': '''\
           def span(n):
             return range(n)
@@ -671,7 +672,7 @@ def test_factory_rejects_a_task_without_twins_and_keeps_visible_tests_on_request
   lines = (tmp_path / 'out/rejected.jsonl').read_text().splitlines()
   assert summary.kept == 0 and summary.rejected['no_twin'] == 2
   assert all('no assert or pytest.raises' in line for line in lines)
-  kept = factory.make_tasks(fixtures.write_fixture(tmp_path / 'fx').repo, tmp_path / 'visible',
+  kept = factory.make_tasks(testing.write_fixture(tmp_path / 'fx').repo, tmp_path / 'visible',
                             modes=('body',), only=('title_case',), runs=1, visible_tests=True,
                             site_dirs=(str(tmp_path / 'fx/site'),), progress=False,
                             log=lambda _: None)

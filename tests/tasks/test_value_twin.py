@@ -1,12 +1,11 @@
 import collections
 import copy
 import enum
-import inspect
-import re
 
 import numpy as np
 
-from research.tasks import value_twin
+from research.tasks.grading import sandboxed
+from research.tasks.grading.sandboxed import value_check
 
 Point = collections.namedtuple('Point', 'x y')
 
@@ -69,9 +68,9 @@ def _counted(check, a, b, seed, copies=True):
 def _checked(a, b, seed):
   """A checked original's call: what the assert sees, or 'raised' for a wrong answer."""
   try:
-    return bool(value_twin.changed_equal(a, b, seed, False, True))
+    return bool(value_check.changed_equal(a, b, seed, False, True))
   except AssertionError as e:
-    assert value_twin.FAILED.search(f'AssertionError: {e}')
+    assert value_check.FAILED.search(f'AssertionError: {e}')
     return 'raised'
 
 
@@ -79,7 +78,7 @@ def test_correct_values_are_compared_as_before_and_answer_every_check():
   for value in VALUES:
     for seed in range(40):
       assert _checked(value, copy.deepcopy(value), seed) is True
-      assert _counted(value_twin.changed_equal, value, copy.deepcopy(value), seed) == (True, 0)
+      assert _counted(value_check.changed_equal, value, copy.deepcopy(value), seed) == (True, 0)
   assert _checked([1, 2], [1, 3], 0) is False
   for seed in range(200):
     for text in ('Abc', 'Q', 'hello world'):  # Changes are never of case only.
@@ -91,7 +90,7 @@ def test_an_object_equal_to_everything_is_caught_for_every_seed():
     for seed in range(40):
       for forger in (Same(), SameList()):
         assert _checked(forger, value, seed) == 'raised', (value, seed)
-        assert _counted(value_twin.changed_equal, forger, value, seed)[1] > 0
+        assert _counted(value_check.changed_equal, forger, value, seed)[1] > 0
         if isinstance(value, np.generic) and isinstance(forger, list):
           continue  # numpy compares it elementwise: the original assert fails already.
         assert _checked(value, forger, seed) == 'raised', (value, seed)
@@ -171,8 +170,8 @@ def test_values_nothing_changes():
   assert _checked(Same(), Opaque(1), 0) is True
   # A comparison that raises counts as unequal.
   array = np.arange(3)
-  assert _counted(value_twin.changed_equal, [0, 1, 2], [0, 1, 2], 0) == (True, 0)
-  assert _counted(value_twin.changed_equal, array, array, 0)[1] == 0
+  assert _counted(value_check.changed_equal, [0, 1, 2], [0, 1, 2], 0) == (True, 0)
+  assert _counted(value_check.changed_equal, array, array, 0)[1] == 0
 
 
 class FirstOnly(list):
@@ -187,11 +186,11 @@ def test_value_twins_of_old_task_records_compare_changes_only():
   # Their seeds were verified without the copies: a subclass whose equality is looser than its
   # builtin's (Caseless) may differ from a copy of the other side, so copies are left out.
   for seed in range(40):
-    assert _counted(value_twin.changed_equal, Caseless('ABC'), 'abc', seed, copies=False) == (
+    assert _counted(value_check.changed_equal, Caseless('ABC'), 'abc', seed, copies=False) == (
         True, 0)
-    assert _counted(value_twin.changed_equal, Same(), 'the', seed, copies=False) == (True, 1)
-  assert _counted(value_twin.changed_equal, FirstOnly(), 'the', 5, copies=False)[1] == 1
-  assert _counted(value_twin.changed_equal, Caseless('ABC'), 'abc', 5) == (True, 1)
+    assert _counted(value_check.changed_equal, Same(), 'the', seed, copies=False) == (True, 1)
+  assert _counted(value_check.changed_equal, FirstOnly(), 'the', 5, copies=False)[1] == 1
+  assert _counted(value_check.changed_equal, Caseless('ABC'), 'abc', 5) == (True, 1)
 
 
 def test_the_planted_source_needs_nothing_from_its_module():
@@ -199,10 +198,10 @@ def test_the_planted_source_needs_nothing_from_its_module():
   shadows = {name: (lambda *a, **k: True) for name in ('isinstance', 'type', 'len', 'bool',
                                                         'issubclass', 'list')}
   namespace = {'__builtins__': __builtins__, **shadows}
-  source = re.sub(r'\bchanged_equal\b', '_same_words', inspect.getsource(value_twin.changed_equal))
-  exec(source, namespace)  # pylint: disable=exec-used
+  exec(sandboxed.copied(value_check.PIECES, '_same_words'), namespace)  # pylint: disable=exec-used
   planted = namespace['_same_words']
-  assert set(namespace) == {'__builtins__', '_same_words', *shadows}
+  helpers = {p.__name__.replace('changed_equal', '_same_words') for p in value_check.PIECES}
+  assert set(namespace) == {'__builtins__', *helpers, *shadows} and len(helpers) > 1
   for value in VALUES[:20]:
     assert _counted(planted, value, copy.deepcopy(value), 3) == (True, 0)
     assert _counted(planted, Same(), value, 3)[1] > 0

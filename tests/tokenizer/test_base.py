@@ -2,7 +2,7 @@
 
 import pytest
 
-from research.rl import env_toolcalc
+from research.rl.envs import toolcalc as env_toolcalc
 from research.tokenizer import chat
 from research.tokenizer.base import ByteTokenizer
 

@@ -8,9 +8,9 @@ import chatml
 from research.model import transformer
 from research.model.config import ModelConfig
 from research.rl import sft
-from research.rl.env import Step
-from research.rl.sampler import Sampler, SamplerConfig
-from research.rl.trajectory import with_hint
+from research.rl.envs.base import Step
+from research.rl.rollout.sampler import Sampler, SamplerConfig
+from research.rl.rollout.trajectory import with_hint
 from research.tokenizer import chat
 from research.tokenizer.base import ByteTokenizer
 from research.tokenizer.hf import HFTokenizer

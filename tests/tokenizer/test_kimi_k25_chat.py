@@ -15,7 +15,9 @@ import regex
 import tiktoken
 import tiktoken.load
 
-from research.tokenizer import chat, kimi, kimi_tools
+from research.tokenizer import chat
+from research.tokenizer import kimi
+from research.tokenizer import kimi_tools
 
 # Ids relative to the first special id (163584 in Kimi K2 / K2.5).
 SPECIAL = {'[BOS]': 0, '[EOS]': 1, '<|im_end|>': 2, '<|im_user|>': 3, '<|im_assistant|>': 4,

@@ -1,0 +1,137 @@
+"""The RL experiment config: every section of a `launch.rl` run, typed and validated.
+
+    c = configs.from_dict(RLExperimentConfig, config_dict)   # loop.Runner does this
+
+experiments/*_rl.py start from `configs.to_config_dict(RLExperimentConfig())`; docs/training.md lists
+the sections. Nothing here grades or samples: a config loads without the task machinery.
+"""
+import dataclasses
+
+from research import configs
+from research.model import config as model_config
+# The environments' sections; importing them registers their critic rules (CriticConfig checks).
+from research.rl.envs import toolcalc as toolcalc_lib
+from research.rl.envs.repo import rules as _repo_rules  # noqa: F401
+from research.rl.envs.repo import settings as repo_settings
+from research.rl.feedback.critics import CriticConfig
+from research.rl.feedback.governance import GovernanceConfig
+from research.rl.rollout.sampler import SamplerConfig
+from research.rl.sft import SFTConfig
+from research.rl.update import losses
+from research.rl.update.teacher import TeacherConfig
+from research.train import optimizer as optim
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseConfig:
+  """base: a converted pretrained model to start from instead of a random `model`."""
+  checkpoint: str = ''              # `launch.convert --from_hf` output: start from it, not `model`.
+  tokenizer: str = ''               # Its Hugging Face folder (tokenizer.json, chat template).
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  """env: the environment tasks and rewards come from; its section configures it."""
+  name: str = 'toolcalc'            # An environment: one of the sections below ('toolcalc', 'repo').
+  word_tokens: bool = True          # The env's words are one token each (as in a BPE vocabulary), not bytes.
+  toolcalc: toolcalc_lib.Settings = dataclasses.field(default_factory=toolcalc_lib.Settings)  # Problems, tools, drift.
+  repo: repo_settings.Settings = dataclasses.field(default_factory=repo_settings.Settings)  # Tasks, turns, limits.
+
+  def validate(self, path: str = 'env.') -> 'EnvConfig':
+    names = env_names()
+    if self.name not in names:
+      raise configs.invalid(path + 'name', self.name, f'expected one of {names}')
+    return self
+
+
+def env_names() -> tuple[str, ...]:
+  """The environments: EnvConfig's sections (research/rl/envs/registry.py makes each)."""
+  return tuple(f.name for f in dataclasses.fields(EnvConfig) if f.name not in ('name', 'word_tokens'))
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """rl: the size and length of the RL run."""
+  steps: int = 40                   # RL steps (optimizer updates; the schedule's length too).
+  tasks_per_step: int = 16          # Distinct tasks per step.
+  group_size: int = 4               # Rollouts per task (the group baseline).
+  max_targets: int = 32             # Distillation slots per step (more hints: a random subset).
+  staleness: int = 0                # Steps the sampler runs ahead of the update (0: synchronous; 1: one step off).
+
+  def validate(self, path: str = 'rl.') -> 'RLConfig':
+    for f in ('steps', 'tasks_per_step', 'group_size', 'max_targets'):
+      if getattr(self, f) < 1:
+        raise configs.invalid(path + f, getattr(self, f), 'must be positive')
+    if self.staleness < 0:
+      raise configs.invalid(path + 'staleness', self.staleness, 'must be >= 0')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """loss: the terms of the RL objective (research/rl/update/losses.py; docs/rl.md)."""
+  pg_coef: float = 1.0              # Policy gradient weight; 0: distillation alone.
+  distill_coef: float = 1.0         # Distillation weight; 0: outcome reward alone.
+  clip_eps: float = 0.0             # > 0: PPO-clipped ratio to the sampler's log-probs.
+  std_norm: bool = False            # GRPO's std normalization of advantages (Dr.GRPO: off).
+  norm_tokens: int = 32             # Dr.GRPO's constant: loss = sum over tokens / (rollouts * this).
+  distill_kind: str = 'forward_kl'  # 'reverse_kl', 'forward_kl', 'jsd', 'topk' or 'sampled' (docs/rl.md).
+  distill_top_k: int = 8            # Tokens of the teacher kept by distill_kind='topk'.
+  gate: str = 'none'                # 'none', or 'confident': distill only where the teacher is confident.
+  gate_margin: float = 0.0          # gate='confident': the teacher's log-prob margin required.
+  until_divergence: bool = True     # Distill a target only up to where it leaves the teacher's argmax.
+  pg_on_targets: bool = False       # False: hinted messages get the distillation signal, not the PG.
+  anchor_coef: float = 10.0         # KL to the teacher weights (no hint) on all other policy tokens.
+  is_cap: float = 2.0               # Truncated importance sampling: token ratio to the sampler capped here (0: off).
+  logit_chunk: int = 256            # Positions unembedded at a time in the update (0: the whole sequence).
+
+  def validate(self, path: str = 'loss.') -> 'LossConfig':
+    if self.distill_kind not in losses.DISTILL_KINDS:
+      raise configs.invalid(path + 'distill_kind', self.distill_kind, f'expected one of {losses.DISTILL_KINDS}')
+    if self.gate not in losses.GATES:
+      raise configs.invalid(path + 'gate', self.gate, f'expected one of {losses.GATES}')
+    if self.pg_coef == 0 and self.distill_coef == 0:
+      raise ValueError(f'{path}pg_coef and {path}distill_coef are both 0: nothing to train')
+    if self.norm_tokens < 1:
+      raise configs.invalid(path + 'norm_tokens', self.norm_tokens, 'must be positive')
+    for f in ('is_cap', 'logit_chunk'):
+      if getattr(self, f) < 0:
+        raise configs.invalid(path + f, getattr(self, f), 'must be >= 0')
+    if 0 < self.is_cap < 1:
+      raise configs.invalid(path + 'is_cap', self.is_cap, 'must be 0 (off) or >= 1')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """eval: the fixed held-out tasks evaluated before, during and after RL."""
+  every: int = 10                   # RL steps between evaluations.
+  num_tasks: int = 64               # Held-out tasks, one sampled rollout each.
+
+  def validate(self, path: str = 'eval.') -> 'EvalConfig':
+    for f, low in (('every', 1), ('num_tasks', 0)):
+      if getattr(self, f) < low:
+        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class RLExperimentConfig:
+  """An RL run (launch/rl.py): every section, each with its defaults."""
+  seed: int = 0                     # Init, warm-start data, RL tasks, sampling and eval tasks.
+  init_checkpoint: str = ''         # A workdir holding warmstart/; empty: run the warm start here.
+  checkpoint_every: int = 50        # RL steps between checkpoints (the run resumes from the last).
+  tensorboard: bool = True          # Also write TensorBoard events next to metrics.jsonl.
+  mesh: str = 'data:1'              # Axis sizes (data, fsdp, expert, tensor) of the update, sampler and teacher.
+  base: BaseConfig = dataclasses.field(default_factory=BaseConfig)
+  model: model_config.ModelConfig = dataclasses.field(default_factory=model_config.ModelConfig)
+  env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+  sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+  sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+  rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+  loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+  teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)
+  critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+  governance: GovernanceConfig = dataclasses.field(default_factory=GovernanceConfig)
+  eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+  optimizer: optim.OptimizerConfig = dataclasses.field(default_factory=optim.OptimizerConfig)  # The RL update.

@@ -1,0 +1,1 @@
+"""Targeted feedback: critics that write hints, their governance, efficacy probes and reports."""

@@ -1,0 +1,1 @@
+"""Rollouts: batched multi-turn sampling on the KV cache, and the trajectories it records."""

@@ -1,0 +1,435 @@
+"""Batched multi-turn sampling on the KV cache (research/model/decode.py).
+
+One jitted `generate` call samples a model message for every live row: temperature / top-k / top-p,
+stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token
+budget, and exits as soon as every row has stopped. Between turns the host hands each message to its
+environment episode, renders the observation to ids once, and prefills it into the same cache
+(`extend`), so no earlier token is ever recomputed or re-tokenized.
+
+The episodes of a turn step at once on a pool of threads (sandboxed episodes mostly wait on their
+subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
+whatever the timing, and a raising episode takes the one fault path however it ran.
+
+Each row writes the cache from its own index (research/model/decode.py), which advances by the row's
+real tokens only: a row holds its trajectory back to back (its cache end is its trajectory's
+length), so the cache is sized by the longest row, and each row sees exactly the contiguous
+sequence a full forward over its trajectory sees.
+"""
+
+from concurrent import futures
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from research import configs
+from research.model import decode
+from research.model.config import ModelConfig
+from research.model.transformer import forward
+from research.parallel.sharding import constrain
+from research.rl.update import losses
+from research.rl.envs.base import Step
+from research.rl.rollout.trajectory import Trajectory
+from research.tokenizer import chat
+from research.tokenizer.base import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """sampler: how rollouts are sampled, and their token budgets."""
+  temperature: float = 1.0          # 0 = greedy.
+  top_k: int = 0                    # 0 = off.
+  top_p: float = 1.0                # 1 = off.
+  max_turn_tokens: int = 24         # Tokens per model message (a row's budget within a turn).
+  max_turns: int = 5                # Model messages per episode.
+  max_len: int = 160                # Trajectory length limit (the training sequence length).
+  max_obs_tokens: int = 48          # Longer observations keep their tail (tracebacks end there).
+  bucket: int = 16                  # Prefill chunks are padded to a multiple (bounds recompiles).
+  stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
+  record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
+  env_workers: int = 64             # Episodes stepped at once (threads: they wait on sandboxes, not cores).
+
+  def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
+    for f, low in (('temperature', 0), ('top_k', 0), ('max_turn_tokens', 1), ('max_turns', 1),
+                   ('max_len', 1), ('max_obs_tokens', 1), ('bucket', 1), ('env_workers', 1)):
+      if getattr(self, f) < low:
+        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
+    if not 0 < self.top_p <= 1:
+      raise configs.invalid(path + 'top_p', self.top_p, 'must be in (0, 1]')
+    return self
+
+  @property
+  def cache_len(self) -> int:
+    return _round_up(self.max_len, self.bucket) + self.max_turns * (
+        self.max_turn_tokens + _round_up(self.max_obs_tokens + 3, self.bucket))
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def sample_logits(key, logits_BxV, temperature: float, top_k: int = 0, top_p: float = 1.0):
+  """Samples one token per row. Returns (tokens B, log-prob B of each token under the sampler).
+
+  The log-prob is the behaviour policy's: the tempered distribution after top-k/top-p truncation
+  (renormalized over the kept tokens), so that importance ratios against the trainer's
+  untruncated log-probs are unbiased. Greedy (temperature 0) reports the untempered policy's
+  log-prob (losses.tempered_log_softmax).
+  """
+  logits = logits_BxV.astype(jnp.float32)
+  if temperature == 0:
+    tok = jnp.argmax(logits, axis=-1)
+    return tok, jnp.take_along_axis(losses.tempered_log_softmax(logits, 0.0), tok[:, None], -1)[:, 0]
+  logits = logits / temperature
+  masked = logits
+  if top_k:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    masked = jnp.where(logits < kth, -jnp.inf, masked)
+  if top_p < 1.0:
+    srt = jnp.sort(masked, axis=-1)[:, ::-1]
+    cum = jnp.cumsum(jax.nn.softmax(srt), axis=-1)
+    # The smallest prefix whose mass reaches top_p: keep a token if the mass before it is < top_p.
+    cutoff_idx = jnp.sum(cum - jax.nn.softmax(srt) < top_p, axis=-1, keepdims=True) - 1
+    cutoff = jnp.take_along_axis(srt, cutoff_idx, axis=-1)
+    masked = jnp.where(masked < cutoff, -jnp.inf, masked)
+  tok = jax.random.categorical(key, masked)
+  return tok, jnp.take_along_axis(jax.nn.log_softmax(masked), tok[:, None], -1)[:, 0]
+
+
+def _routes(aux, cfg: ModelConfig, b: int, t: int):
+  """The forward's routes (L_moe x B*T x k) as L x B x T x k; zeros when there are no MoE layers."""
+  if 'routes' not in aux:
+    return jnp.zeros((0, b, t, cfg.num_experts_per_tok), jnp.int32)
+  return aux['routes'].reshape(-1, b, t, cfg.num_experts_per_tok)
+
+
+def _shard_cache(cache):
+  """Lays the cache out by rows over the batch mesh axes (a no-op outside a mesh): valid, pos and end
+  are B x ..., the layer stacks L x B x ...."""
+  out = {k: constrain(cache[k], ('act_batch',)) for k in ('valid', 'pos', 'end')}
+  for k in cache.keys() - {'valid', 'pos', 'end'}:
+    out[k] = jax.tree.map(lambda x: constrain(x, (None, 'act_batch')), cache[k])
+  return out
+
+
+def _replicated(x):
+  """What the host reads back: whole on every device, so every process of a multi-host run can."""
+  return constrain(x, (None,) * x.ndim)
+
+
+def extend(params, tokens_BxT, mask_BxT, cache, *, cfg: ModelConfig):
+  """Prefills a right-padded chunk. Returns (logits at each row's last real token, cache, routes)."""
+  logits, aux, cache = forward(params, tokens_BxT, cfg, segment_ids_BxT=mask_BxT.astype(jnp.int32),
+                               cache=_shard_cache(cache))
+  b, t = tokens_BxT.shape
+  last = t - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=1)
+  return logits[jnp.arange(b), last], _shard_cache(cache), _replicated(_routes(aux, cfg, b, t))
+
+
+def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
+             s: SamplerConfig, pad_id: int):
+  """Samples one message per live row (done_B False) on the cache.
+
+  stops_NxS: stop sequences right-aligned, -1 = any token (left padding), -2 = never matches.
+  Returns dict: tokens B x max_turn_tokens, logp, n (tokens sampled per row), stopped (ended on a
+  stop sequence), routes (L x B x max_turn_tokens x k), cache.
+  """
+  b, m, w = logits_BxV.shape[0], s.max_turn_tokens, stops_NxS.shape[1]
+  n_moe = cfg.num_moe_layers if s.record_routes else 0
+
+  def body(c):
+    key, sub = jax.random.split(c['key'])
+    tok, lp = sample_logits(sub, c['logits'], s.temperature, s.top_k, s.top_p)
+    live = ~c['done']
+    tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
+    logits, aux, cache = forward(params, tok[:, None], cfg, segment_ids_BxT=live[:, None].astype(jnp.int32),
+                                 cache=c['cache'])
+    i = c['i']
+    window = jnp.where(live[:, None], jnp.concatenate([c['window'][:, 1:], tok[:, None]], 1), c['window'])
+    hit = jnp.any(jnp.all((stops_NxS[None] == -1) | (stops_NxS[None] == window[:, None]), -1), -1)
+    n = c['n'] + live
+    out = dict(
+        i=i + 1, key=key, logits=logits[:, 0], cache=cache, n=n, window=window,
+        tokens=c['tokens'].at[:, i].set(tok), logp=c['logp'].at[:, i].set(jnp.where(live, lp, 0.0)),
+        stopped=c['stopped'] | (live & hit), done=c['done'] | (live & (hit | (n >= budget_B))))
+    if n_moe:
+      out['routes'] = c['routes'].at[:, :, i].set(_routes(aux, cfg, b, 1)[:, :, 0])
+    else:
+      out['routes'] = c['routes']
+    return out
+
+  init = dict(i=jnp.zeros((), jnp.int32), key=key, logits=logits_BxV, cache=cache,
+              n=jnp.zeros((b,), jnp.int32), window=jnp.full((b, w), -1, jnp.int32),
+              tokens=jnp.full((b, m), pad_id, jnp.int32), logp=jnp.zeros((b, m), jnp.float32),
+              stopped=jnp.zeros((b,), bool), done=done_B | (budget_B <= 0),
+              routes=jnp.zeros((n_moe, b, m, cfg.num_experts_per_tok), jnp.int32))
+  out = jax.lax.while_loop(lambda c: (c['i'] < m) & ~jnp.all(c['done']), body, init)
+  return {**{k: _replicated(out[k]) for k in ('tokens', 'logp', 'n', 'stopped', 'routes')},
+          'cache': _shard_cache(out['cache'])}
+
+
+@functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.
+def _programs(jit: Callable, cfg: ModelConfig, s: 'SamplerConfig', pad_id: int):
+  return (jit(functools.partial(extend, cfg=cfg), donate_argnums=3),
+          jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+  """Where a rollout's time went (sampling vs the environments) and what it counted."""
+  sample_s: float
+  env_s: float
+  new_tokens: int
+  faults: int
+  truncated: int
+  obs_truncated: int
+  malformed_tokens: int             # Messages carrying special tokens inside their content.
+
+
+@dataclasses.dataclass(frozen=True)
+class _EnvCall:
+  """One call into an episode: the Step it returned, or the fault it raised (masked, never a crash)."""
+  step: Step | None
+  fault: str | None
+  seconds: float
+
+
+def _call_env(method: Callable[[str], Step], arg: str) -> _EnvCall:
+  t0 = time.perf_counter()
+  try:
+    step = method(arg)
+  except Exception as e:  # noqa: BLE001 - an environment fault is masked, never a crash.
+    return _EnvCall(None, f'{type(e).__name__}: {e}', time.perf_counter() - t0)
+  return _EnvCall(step, None, time.perf_counter() - t0)
+
+
+def _end(traj: Trajectory, call: _EnvCall) -> None:
+  """Scores a trajectory on its final Step, or records the fault that ended it."""
+  if call.fault is not None:
+    traj.fault = call.fault
+  else:
+    traj.reward, traj.success, traj.done = float(call.step.reward), bool(call.step.success), True
+
+
+def _live(trajs: list[Trajectory]) -> np.ndarray:
+  return np.array([not t.done and t.fault is None for t in trajs])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cache:
+  """The batch's KV cache and the logits after the last prefill."""
+  cache: Any
+  logits_BxV: jax.Array | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sampled:
+  """One turn's messages (`generate`'s outputs) on the host."""
+  tokens_BxM: np.ndarray
+  logp_BxM: np.ndarray
+  n_B: np.ndarray
+  routes_LxBxMxK: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _Message:
+  """One row's sampled message: its ids, its text and the trajectory entry holding it."""
+  ids: np.ndarray
+  text: str
+  malformed: bool
+  entry: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+  """What one row's message led to: the ids to prefill next (None: the episode ended)."""
+  obs: list[int] | None
+  close: str | None                 # 'turns' or 'context': the episode is to be cut short.
+  new_tokens: int
+  malformed: bool
+  obs_truncated: bool
+
+
+class Sampler:
+  """Jitted generation for one model config, tokenizer and sampler config.
+
+  `jit` compiles its programs: jax.jit on one device, or a Trainer's `jit` (its mesh and rules: the
+  KV cache split by rows like the batch, the expert layer's shard_map as in training).
+  """
+
+  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, jit: Callable = jax.jit):
+    self.cfg, self.tok, self.s = cfg, tok, s
+    self._extend, self._generate = _programs(jit, cfg, s, tok.pad_id)
+    seqs = [(tok.end_of_message_id,), *s.stop_seqs]
+    width = max(len(q) for q in seqs)
+    self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
+    self._specials = set(getattr(tok, 'special_ids', {}).values())
+    self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
+
+  def _env_calls(self, calls: list[tuple[Callable[[str], Step], str]]) -> tuple[list[_EnvCall], float]:
+    """Runs the calls at once on the pool. Returns (their results in order, wall seconds)."""
+    t0 = time.perf_counter()
+    out = list(self._pool.map(lambda c: _call_env(*c), calls))
+    return out, time.perf_counter() - t0
+
+  def _close_rows(self, episodes, trajs, reasons: dict[int, str]) -> float:
+    """Cuts episodes short (row -> 'context' or 'turns'), which scores them. Returns wall seconds."""
+    rows = sorted(reasons)
+    calls, seconds = self._env_calls([(episodes[r].close, reasons[r]) for r in rows])
+    for r, call in zip(rows, calls):
+      _end(trajs[r], call)
+    return seconds
+
+  def _pad(self, rows: list[list[int] | None]):
+    t = _round_up(max([len(r) for r in rows if r] + [1]), self.s.bucket)
+    ids = np.full((len(rows), t), self.tok.pad_id, np.int32)
+    mask = np.zeros((len(rows), t), bool)
+    for i, r in enumerate(rows):
+      if r:
+        ids[i, :len(r)], mask[i, :len(r)] = r, True
+    return ids, mask
+
+  def _text(self, ids) -> tuple[str, bool]:
+    """The message text; a special token inside the content makes it unparseable on purpose."""
+    body = list(ids[:-1]) if len(ids) and ids[-1] == self.tok.end_of_message_id else list(ids)
+    bad = any(i in self._specials or not 0 <= i < self.tok.vocab_size for i in body)
+    return self.tok.decode(body) + ('\x00<special>' if bad else ''), bad
+
+  def rollout(self, params, episodes, key, *, tasks=None, groups=None):
+    """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
+    t0 = time.perf_counter()
+    trajs = self._trajectories(episodes, tasks, groups)
+    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len), None)
+    kv = self._prefill(params, kv, [t.tokens for t in trajs], trajs)
+    replies, env_s = [], 0.0
+    for turn in range(self.s.max_turns):
+      env_s += self._close_full(episodes, trajs)
+      if not _live(trajs).any():
+        break
+      key, sub = jax.random.split(key)
+      kv, turn_replies, turn_s = self._turn(params, kv, episodes, trajs, sub, turn == self.s.max_turns - 1)
+      env_s += turn_s
+      replies += [r for r in turn_replies if r is not None]
+      obs = [None if r is None else r.obs for r in turn_replies]
+      if all(o is None for o in obs):
+        break
+      kv = self._prefill(params, kv, obs, trajs)
+    env_s += self._close_rows(episodes, trajs, {r: 'turns' for r in np.flatnonzero(_live(trajs))})
+    return trajs, _stats(trajs, replies, env_s, time.perf_counter() - t0)
+
+  def _trajectories(self, episodes, tasks, groups) -> list[Trajectory]:
+    """One trajectory per episode, holding its rendered prompt."""
+    prompts = [chat.render(self.tok, ep.prompt, add_generation_prompt=True)[0] for ep in episodes]
+    long = [len(p) for p in prompts if len(p) >= self.s.max_len]
+    if long:
+      raise ValueError(f'prompt of {long[0]} tokens does not fit sampler.max_len={self.s.max_len}')
+    return [Trajectory.from_prompt(p, task=None if tasks is None else tasks[i], prompt=episodes[i].prompt,
+                                   group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
+
+  def _prefill(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
+    """Prefills each row's new ids (None: none) into the cache, recording their routes."""
+    ids, mask = self._pad(rows)
+    logits, cache, routes = self._extend(params, ids, mask, kv.cache)
+    if self.s.record_routes:
+      routes = np.asarray(routes)
+      for r, row in enumerate(rows):
+        if row:
+          trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :len(row)].transpose(1, 0, 2))
+    return _Cache(cache, logits)
+
+  def _budget(self, traj: Trajectory) -> int:
+    """Tokens the row may sample this turn: the turn's budget within the trajectory's length limit."""
+    return min(self.s.max_turn_tokens, self.s.max_len - len(traj.tokens))
+
+  def _close_full(self, episodes, trajs) -> float:
+    """Closes the live episodes with no room for another message. Returns seconds in the env."""
+    full = [r for r in np.flatnonzero(_live(trajs)) if self._budget(trajs[r]) <= 0]
+    for r in full:
+      trajs[r].truncated = True
+    return self._close_rows(episodes, trajs, {r: 'context' for r in full}) if full else 0.0
+
+  def _turn(self, params, kv: _Cache, episodes, trajs, key, last: bool):
+    """Samples a message per live row and steps every live episode at once.
+
+    Returns (cache, per row its _Reply (None for a row that had ended before this turn), env seconds).
+    """
+    live = _live(trajs)
+    rows = np.flatnonzero(live)
+    budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
+    out = self._generate(params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
+    cache = out.pop('cache')
+    out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
+    kv = _Cache(cache, kv.logits_BxV)
+    msgs = [self._message(trajs[r], out, r) for r in rows]
+    used = max(len(t.tokens) for t in trajs)  # The longest row's cache end.
+    calls, env_s = self._env_calls([(episodes[r].step, m.text) for r, m in zip(rows, msgs)])
+    replies = [None] * len(trajs)
+    for r, m, call in zip(rows, msgs, calls):
+      replies[r] = self._reply(trajs[r], m, call, last, used)
+    cut = {r: rep.close for r, rep in enumerate(replies) if rep is not None and rep.close}
+    if cut:
+      env_s += self._close_rows(episodes, trajs, cut)
+    return kv, replies, env_s
+
+  def _message(self, traj: Trajectory, out: _Sampled, r: int) -> _Message:
+    """Appends row r's sampled message to its trajectory."""
+    n = int(out.n_B[r])
+    ids = out.tokens_BxM[r, :n]
+    routes = out.routes_LxBxMxK[:, r, :n].transpose(1, 0, 2) if self.s.record_routes else None
+    text, malformed = self._text(ids)
+    return _Message(ids, text, malformed, traj.add_model(ids, out.logp_BxM[r, :n], text, routes))
+
+  def _reply(self, traj: Trajectory, m: _Message, call: _EnvCall, last: bool, used: int) -> _Reply:
+    """What the episode's answer to a message means: its end, a cut, or the observation's ids."""
+    if call.step is not None:
+      m.entry.info = dict(call.step.info)
+    if call.fault is not None or call.step.done:
+      _end(traj, call)
+      return _Reply(None, None, len(m.ids), m.malformed, False)
+    obs, cut = self._observation(call.step.observation, m.ids)
+    reason = 'turns' if last else self._over_context(traj, obs, used)
+    if reason:
+      traj.truncated = reason == 'context'
+      return _Reply(None, reason, len(m.ids), m.malformed, cut)
+    traj.add_observation(obs, call.step.observation)
+    return _Reply(obs, None, len(m.ids), m.malformed, cut)
+
+  def _observation(self, observation: str, msg_ids) -> tuple[list[int], bool]:
+    """Ids after a model message: its closing, the observation and the next assistant turn's opening.
+
+    Returns (ids, whether the observation was cut to its tail).
+    """
+    tok, keep = self.tok, self.s.max_obs_tokens
+    body = tok.encode(observation)
+    cut = len(body) > keep
+    if cut:  # Keep the tail: that is where tracebacks say what broke.
+      body = [*tok.encode('...'), *body[-keep:]]
+    # After the model's own end-of-message only the rest of the suffix (ChatML's newline); after a
+    # cut or another stop sequence all of it. Then the chat template's ids, token for token.
+    closing = tok.message_suffix('assistant')[int(len(msg_ids) > 0 and msg_ids[-1] == tok.end_of_message_id):]
+    return [*closing, *tok.message_prefix('tool'), *body, *tok.message_suffix('tool'),
+            *chat.generation_prompt(tok)], cut
+
+  def _over_context(self, traj: Trajectory, obs: list[int], used: int) -> str | None:
+    """'context' when the observation or the next message would not fit the length or the cache.
+
+    used: the longest row's cache end; the next write (the widest observation, rounded up to the
+    bucket) starts at every row's own end.
+    """
+    s = self.s
+    if len(traj.tokens) + len(obs) >= s.max_len or (
+        used + _round_up(len(obs), s.bucket) + s.max_turn_tokens > s.cache_len):
+      return 'context'
+    return None
+
+
+def _stats(trajs: list[Trajectory], replies: list[_Reply], env_s: float, seconds: float) -> RolloutStats:
+  return RolloutStats(
+      sample_s=seconds - env_s, env_s=env_s, new_tokens=sum(r.new_tokens for r in replies),
+      faults=sum(t.fault is not None for t in trajs), truncated=sum(t.truncated for t in trajs),
+      obs_truncated=sum(r.obs_truncated for r in replies), malformed_tokens=sum(r.malformed for r in replies))

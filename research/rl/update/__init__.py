@@ -1,0 +1,1 @@
+"""The RL update: the objective, its losses and log-probs, the teacher pass on hinted contexts."""

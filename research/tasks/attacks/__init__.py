@@ -1,1 +1,0 @@
-"""Scripted reward-hacking attacks for the red team (`research.tasks.redteam` runs them)."""

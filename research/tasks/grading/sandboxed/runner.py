@@ -1,0 +1,314 @@
+"""Runs pytest inside the sandbox and streams per-test events to the harness through a pipe.
+
+Executed as `python -I -B runner.py CONFIG` with the write end of a pipe open at the config's
+`report_fd`; standalone (stdlib, pytest and optionally coverage), so nothing from this repository
+enters the sandbox. The runner holds no secret: code under test shares this process and can reach
+anything the runner holds (a key, an hmac object, a signing method), so a secret would only hide
+how little it protects. Events go into a pipe the harness drains outside the sandbox: nothing
+written can be taken back, and the harness does all the accounting. After each test the runner
+checks what in-process forging has to change (test code objects, the reporter, the registered
+hooks, the functions the reporter relies on); that raises the bar, while the grader's hidden
+tests and mutant twins make forging pointless.
+"""
+import builtins
+import json
+import os
+import sys
+
+# Taken before any code under test runs: the reporter writes only through these, and the
+# checks compare the live attributes against them.
+_DUMPS, _WRITE, _EXIT = json.dumps, os.write, os._exit
+
+
+def _watched():
+  """Namespaces whose callables a module under test could replace to forge results."""
+  import json.encoder
+  import random
+  import _pytest.python
+  import _pytest.reports
+  import _pytest.runner
+  import pytest
+  everything = None
+  return {'builtins': (vars(builtins), everything),
+          '_pytest.runner': (vars(_pytest.runner), everything),
+          'pytest': (vars(pytest), everything),
+          'TestReport': (vars(_pytest.reports.TestReport), everything),
+          'Function': (vars(_pytest.python.Function), everything),
+          'Reporter': (vars(Reporter), everything), 'runner': (globals(), everything),
+          'json': (vars(json), everything), 'json.encoder': (vars(json.encoder), everything),
+          'JSONEncoder': (vars(json.JSONEncoder), everything),
+          # pytest itself sets hooks in sys while it runs; only what ends a run is watched.
+          'os': (vars(os), ('write', '_exit', 'getpid', 'urandom')), 'sys': (vars(sys), ('exit',)),
+          # What the value checks planted in test modules import (research/tasks/grading/sandboxed/value_check.py).
+          'random': (vars(random), everything), 'Random': (vars(random.Random), everything),
+          'sys.modules': (sys.modules, ('builtins', 'os', 'random'))}
+
+
+def _hide_current_test():
+  """pytest names the running test in the environment (PYTEST_CURRENT_TEST); with the graded test
+  file, code under test could tell a twin from the test it copies by that name (a case appended to
+  positional ids, a value twin's line). Replaced before the snapshot, so that putting pytest's
+  function back is caught like any patch of _pytest.runner."""
+  import _pytest.runner
+
+  def update(item, when):
+    del item, when
+    os.environ.pop('PYTEST_CURRENT_TEST', None)
+  _pytest.runner._update_current_test_var = update  # pylint: disable=protected-access
+
+
+# Constants by which the runner finds what grading plants into test modules: the value checks
+# (value_check.MARK) and the record function of sealed asserts (record.MARK).
+_VALUE_CHECKS = ' value checks answered wrongly'
+_SEAL = 'an expectation the grader sealed'
+
+
+def _planted(items, constant):
+  """Per test module of the items, (the names of its functions whose code holds `constant`, those
+  of their helpers: functions named `<one of those names>_*`)."""
+  modules = {id(m): m for m in (getattr(item, 'module', None) for item in items) if m is not None}
+  found = {}
+  for m in modules.values():
+    space = vars(m)
+    names = [name for name, f in space.items()
+             if constant in getattr(getattr(f, '__code__', None), 'co_consts', ())]
+    if names:
+      found[m] = names, [h for h, f in space.items() if callable(f) and h not in names
+                         and any(h.startswith(n + '_') for n in names)]
+  return found
+
+
+def _value_checks(items):
+  """The test modules' value-check functions, and the builtins those modules resolve names in:
+  tests call the checks at run time, so replacing either later is tampering."""
+  return {f'test module {m.__name__}': (vars(m), names + helpers + ['__builtins__'])
+          for m, (names, helpers) in _planted(items, _VALUE_CHECKS).items()}
+
+
+def _seal_records(items):
+  """(the test modules' record functions of sealed asserts and their helpers, watched like the
+  value checks: the harness compares what they record with literals it alone holds; the record
+  functions)."""
+  planted = _planted(items, _SEAL)
+  return ({f'seals of {m.__name__}': (vars(m), names + helpers) for m, (names, helpers) in planted.items()},
+          [vars(m)[name] for m, (names, _) in planted.items() for name in names])
+
+
+def _taken(functions):
+  """(the records the functions hold, as [token, text] pairs of strings, emptying them;
+  problems): only `record` writes there, so a `seen` that is no list, or an entry that is no pair
+  of strings, is tampering."""
+  out, problems = [], []
+  for f in functions:
+    seen = getattr(f, 'seen', None)
+    if type(seen) is not list:
+      problems.append(f'seal records replaced: {getattr(f, "__qualname__", "?")}')
+      continue
+    for r in list.__iter__(seen):
+      if type(r) is tuple and len(r) == 2 and type(r[0]) is str and type(r[1]) is str:
+        out.append([r[0], r[1]])
+      else:
+        problems.append(f'seal record forged in {getattr(f, "__qualname__", "?")}')
+    list.clear(seen)
+  return out, sorted(set(problems))
+
+
+def _snapshot(namespaces):
+  """(owner, name, namespace, object) for the names listed, or else for every callable:
+  identity, not equality, is compared."""
+  return [(owner, name, space, space[name]) for owner, (space, names) in namespaces.items()
+          for name in (names or list(space))
+          if names or callable(space[name]) and not (owner == 'builtins' and name == '_')]
+
+
+def _functions(fn):
+  """A test's function and every function it wraps, with their code objects."""
+  fn = getattr(fn, '__func__', fn)
+  chain = []
+  while callable(fn) and len(chain) < 16:
+    chain.append((fn, getattr(fn, '__code__', None)))
+    fn = getattr(fn, '__wrapped__', None)
+  return chain
+
+
+def _hooks(pm):
+  """Every registered plugin, and every hook caller with its implementations."""
+  return pm.get_plugins(), {name: (caller, [impl.function for impl in caller.get_hookimpls()])
+                            for name, caller in vars(pm.hook).items()}
+
+
+def _in_solution(plugin, tree, test_dirs):
+  """Whether a plugin is defined in the tree outside conftest files and test directories: in
+  code the solution may write."""
+  module = plugin if hasattr(plugin, '__file__') else sys.modules.get(type(plugin).__module__)
+  path = os.path.realpath(getattr(module, '__file__', None) or '/')
+  parts = os.path.relpath(path, tree).split(os.sep)
+  return (path.startswith(tree + os.sep) and parts[-1] != 'conftest.py'
+          and not set(parts[:-1]) & set(test_dirs))
+
+
+def _orphan_hooks(pm):
+  plugins = pm.get_plugins()
+  return [f'hook implemented outside any plugin: {name}' for name, caller in vars(pm.hook).items()
+          for impl in caller.get_hookimpls() if impl.plugin not in plugins]
+
+
+def _same_hooks(before, after):
+  (plugins, callers), (plugins_now, callers_now) = before, after
+  return plugins == plugins_now and callers.keys() == callers_now.keys() and all(
+      c is callers_now[k][0] and len(f) == len(callers_now[k][1])
+      and all(a is b for a, b in zip(f, callers_now[k][1])) for k, (c, f) in callers.items())
+
+
+class Reporter:
+  """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
+  # No instance dict: nothing can shadow a method on the instance.
+  __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
+               '_config', '_early', '_seals')
+
+  def __init__(self, fd, tree, test_dirs, coverage=None):
+    self._fd = fd
+    self._tree = os.path.realpath(tree)
+    self._test_dirs = test_dirs
+    self._seq = 0
+    self._cov = coverage
+    self._watched = []
+    self._tests = {}
+    self._hooks = None
+    self._config = None
+    self._early = []  # Problems found once: at a plugin's registration, after collection.
+    self._seals = []  # The record functions of sealed asserts, found when collection ends.
+
+  def emit(self, kind, **fields):
+    line = _DUMPS({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True) + '\n'
+    _WRITE(self._fd, line.encode())
+    self._seq += 1
+
+  def watch(self, namespaces):
+    self._watched += _snapshot(namespaces)
+
+  def problems(self, nodeids):
+    """What changed since it was recorded that only tampering explains; of the tests, only
+    `nodeids` are checked (all of them after every test would cost quadratic time)."""
+    out = self._early + [f'patched at run time: {owner}.{name}'
+                         for owner, name, space, value in self._watched
+                         if space.get(name) is not value]
+    if type(self) is not _REPORTER:
+      out.append(f'reporter changed: class {type(self).__name__}')
+    for nodeid in nodeids:
+      out += self.test_problems(nodeid)
+    config = self._config
+    if config is not None and not _same_hooks(self._hooks, _hooks(config.pluginmanager)):
+      out.append('pytest plugins or hooks changed')
+    return sorted(set(out))
+
+  def test_problems(self, nodeid):
+    item, chain = self._tests.get(nodeid, (None, None))
+    if item is None:
+      return []
+    out = [f'test item changed: {nodeid}.{name}' for name in vars(item)
+           # An instance attribute that shadows a method, e.g. `item.runtest = lambda: None`.
+           if callable(getattr(type(item), name, None))]
+    obj = item.__dict__.get('_obj')
+    if _functions(chain[0][0]) != chain or obj is not None and (
+        getattr(obj, '__func__', obj) is not chain[0][0]):
+      out.append(f'test code replaced: {nodeid}')
+    return out
+
+  # pytest hooks.
+  def pytest_plugin_registered(self, plugin, manager):
+    # Called for every plugin, those registered before this one included.
+    if _in_solution(plugin, self._tree, self._test_dirs):
+      self._early.append(f'plugin registered by code under test: {manager.get_name(plugin)}')
+
+  def pytest_sessionstart(self, session):
+    self.emit('session_start', rootdir=str(session.config.rootpath))
+
+  def pytest_collectreport(self, report):
+    if report.failed:
+      self.emit('collect_error', nodeid=report.nodeid, message=str(report.longrepr)[-2000:])
+
+  def pytest_collection_finish(self, session):
+    self._config = session.config
+    self._tests = {item.nodeid: (item, _functions(getattr(item, 'obj', None)))
+                   for item in session.items if callable(getattr(item, 'obj', None))}
+    pm = session.config.pluginmanager
+    self._early += _orphan_hooks(pm)
+    self._hooks = _hooks(pm)
+    self.watch({'PluginManager': (vars(pm), None),
+                'PluginManager class': (vars(type(pm)), None),
+                'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
+    self.watch(_value_checks(session.items))
+    watched, self._seals = _seal_records(session.items)
+    self.watch(watched)
+    self.emit('collected', nodeids=sorted(item.nodeid for item in session.items))
+
+  def pytest_runtest_logstart(self, nodeid, location):
+    del location
+    # Before the test runs, so that a test neutered by an earlier one is caught.
+    self._early += self.test_problems(nodeid)
+    # What was recorded outside a test belongs to none; tampering with it is still tampering.
+    self._early += _taken(self._seals)[1]
+    if self._cov is not None:
+      self._cov.switch_context(nodeid)
+
+  def pytest_runtest_logreport(self, report):
+    # pytest 9 reports each unittest subTest (and `subtests` fixture step) under its test's
+    # node id and phase; the harness counts those apart (a failed one fails the test).
+    subtest = type(report).__name__ == 'SubtestReport'
+    self.emit('test', nodeid=report.nodeid, when='subtest' if subtest else report.when,
+              outcome=report.outcome,
+              xfail=hasattr(report, 'wasxfail'),
+              message=str(report.longrepr)[-1000:] if report.failed else '')
+
+  def pytest_runtest_logfinish(self, nodeid, location):
+    del location
+    if self._cov is not None:
+      self._cov.switch_context('')
+    seals, problems = _taken(self._seals)
+    self.emit('check', nodeid=nodeid, problems=sorted(set(self.problems([nodeid]) + problems)),
+              seals=seals)
+
+  def pytest_sessionfinish(self, session, exitstatus):
+    self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(self._tests),
+              collected=session.testscollected)
+
+
+_REPORTER = Reporter
+
+
+def main():
+  with open(sys.argv[1]) as f:
+    job = json.load(f)  # What the harness asks for (grading.run_pytest writes every key).
+  fd = job['report_fd']
+  os.set_inheritable(fd, False)  # Not into processes the tests start.
+  # First bytes of the output: the grader's proof that the runner started (output is a pipe).
+  os.write(1, job['marker'].encode() + b'\n')
+  sys.dont_write_bytecode = True
+  sys.path[:0] = job['prepend_path']
+  sys.path.extend(job['append_path'])
+  cov = None
+  if job['coverage_file']:
+    import coverage
+    cov = coverage.Coverage(data_file=job['coverage_file'], source=job['coverage_source'],
+                            config_file=False)
+  reporter = Reporter(fd, job['tree'], job['test_dirs'], cov)
+  reporter.emit('runner_start', pid=os.getpid())
+  import pytest
+  _hide_current_test()
+  reporter.watch(_watched())
+  if cov is not None:
+    cov.start()
+  code = pytest.main(job['pytest_args'], plugins=[reporter])
+  if cov is not None:
+    cov.stop()
+    cov.save()
+  reporter.emit('runner_exit', code=int(code))
+  sys.stdout.flush()
+  sys.stderr.flush()
+  # Skips atexit handlers a module under test may have registered.
+  _EXIT(int(code))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,752 @@
+"""Sealed expectations: the literal a required test expects is compared outside the test process.
+
+An in-process forger can read everything in the process, the graded test files included: it
+finds the assert that called it and returns the literal that assert expects. Twins catch it only
+if it cannot tell twins from originals, and it can guess well (a twin's string has a stray letter;
+its structure pairs it with the test it copies). So at grading each verified comparison of a
+required test with a literal, and the same assert in every twin copy of that test, becomes
+`assert <name>(<computed>, '<token>')`: the run-time half below records an exact-builtin encoding
+of the computed value under a fresh token and returns True, the runner hands each test's records
+to the harness, and the harness, which alone knows which literal each token stands for, fails a
+test whose records do not all equal their literals or whose sealed asserts recorded nothing. The
+literal is nowhere in the sandbox, so no reading, guessing between pairs or patching helps: a
+forger must compute the value.
+
+Sealable: `assert a == <literal>` (either side), `assert a is None/True/False`,
+`self.assertEqual(a, <literal>)`, `self.assertIs(a, <singleton>)` (as `self.assertTrue(...)`), the
+literal written there or bound once to a local (a local that only sealed asserts read is bound to
+None instead); and `assert a == <argument>` (either side, or str methods of it with literal
+arguments: `plural.capitalize()`) where a parametrize argument's every use in the test is such an
+assert. Then each case's value of it is replaced by a token, and the assert records under its own
+token joined to the case's. Every test parametrized over the same list gets a list of its own, its
+cases named by ids of no meaning (the harness maps them back) and, but in the first, shuffled
+(lists of one constant do not line up), the arguments it does not read set to None, and the
+module constant goes: no list pairs an input with its answer (where another list of the constant
+would, the factory keeps no seal of that argument: _unpaired). A sealed assert loses its message
+and its computed side is unparsed; a sealed module loses its comments and the docstrings of the
+module, the sealed tests and their classes: any may quote the literal. The factory seals every
+such assert of the required tests in its twin-verification run, except in `with` blocks and `try`
+bodies, and keeps per test those that recorded and were equal to their literal (`Task.sealed`,
+'<node id>@<ordinal>', the ordinal counting the test function's asserts and unittest assertions
+in source order).
+
+The equality is builtin equality on the exact-builtin copy (builtins and their subclasses copied
+as the builtin, through the builtins' own methods, as value_twin.py copies): what `==` says in the
+test for every value whose type is a builtin. Other numbers (`numbers.Integral`, `Rational`, `Real`,
+`Complex`: numpy's scalars, `Fraction`) are copied as the int, exact ratio, float or complex their
+own methods give, which is what `==` with a literal compares. A correct solution that returns
+another type still fails there (`numpy.bool_` for a bool, a 0-d array, `Decimal`).
+"""
+import ast
+import collections
+import dataclasses
+import fractions
+import io
+import json
+from pathlib import Path
+import random
+import re
+import secrets
+import struct
+import tokenize
+
+from research.tasks import layout
+from research.tasks.grading import sandboxed
+from research.tasks.grading import testsource
+from research.tasks.grading import twins
+from research.tasks.grading.sandboxed import record
+
+class _Opaque:
+  """What a record decodes to when no exact builtin represented the value: equal to no literal."""
+
+  def __repr__(self):
+    return 'OPAQUE'
+
+
+OPAQUE = _Opaque()
+
+
+_NARROW = {2: 'e', 4: 'f'}  # numpy's half and single precision: their struct formats.
+
+
+class _Narrow(float):
+  """A half or single: equal to a builtin number as numpy compares them, the builtin rounded to
+  its precision first."""
+
+  def __new__(cls, value: float, fmt: str):
+    self = super().__new__(cls, value)
+    self.fmt = fmt
+    return self
+
+  def __eq__(self, other):
+    if type(other) in (bool, int, float):  # pylint: disable=unidiomatic-typecheck
+      try:
+        other, = struct.unpack(self.fmt, struct.pack(self.fmt, other))
+      except (OverflowError, struct.error):
+        return False
+    return float(self) == other
+
+  def __ne__(self, other):
+    return not self == other
+
+  __hash__ = float.__hash__
+
+
+def decode(text: str):
+  """The value an encoding stands for; OPAQUE where none (ValueError on a malformed one)."""
+  return _decode(json.loads(text))
+
+
+def _decode(node):
+  tag, *rest = node
+  if tag == 'N':
+    return None
+  if tag == '?':
+    return OPAQUE
+  if tag == 'b':
+    return bool(rest[0])
+  if tag == 'i':
+    return int(rest[0])
+  if tag == 'f':
+    return float.fromhex(rest[0])
+  if tag == 'c':
+    return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
+  if tag == 'q':
+    return fractions.Fraction(int(rest[0]), int(rest[1]))
+  if tag == 'F':
+    return _Narrow(float.fromhex(rest[0]), _NARROW[rest[1]])
+  if tag == 's':
+    if not isinstance(rest[0], str):
+      raise ValueError('string expected')
+    return rest[0]
+  if tag in ('y', 'Y'):
+    return (bytes if tag == 'y' else bytearray).fromhex(rest[0])
+  if tag == 'd':
+    return {_decode(k): _decode(v) for k, v in rest[0]}
+  kind = {'l': list, 't': tuple, 'e': set, 'z': frozenset}.get(tag)
+  if kind is None:
+    raise ValueError(f'unknown tag {tag!r}')
+  return kind(_decode(x) for x in rest[0])
+
+
+class SealError(ValueError):
+  """A sealed assert that is not where, or not what, the task record says."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+  """What the harness compares one token's records with."""
+  function: str  # Node id of the test function (no parametrize id).
+  ordinal: int  # Among the function's asserts and unittest assertions (_points).
+  value: object  # The literal.
+  identity: bool  # `is` (a singleton) rather than `==`.
+  # For a sealed parametrize argument: the node id of the case whose value this is (as the task
+  # names it, not the id grading gave it); None where the literal is in the assert.
+  case: str | None = None
+
+  def of(self, nodeid: str) -> bool:
+    """Whether the assert is one of the test `nodeid`'s own (not a base class's, or a case's)."""
+    return self.function == function_of(nodeid) and self.case in (None, nodeid)
+
+  def met(self, text: str) -> bool:
+    try:
+      got = decode(text)
+      if got is OPAQUE:
+        return False
+      return got is self.value if self.identity else bool(got == self.value)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError,
+            ZeroDivisionError):
+      return False
+
+
+def function_of(nodeid: str) -> str:
+  return nodeid.partition('[')[0]
+
+
+def _points(func: ast.AST) -> list[ast.Assert | ast.Call]:
+  """The test function's asserts and unittest assertions, in source order: the ordinals
+  Task.sealed counts. Grading's value checks turn `self.assertEqual(a, b)` into a call of a
+  lambda on `a, b` (twins.py); that call is the same point, and the assertion inside the lambda
+  none."""
+  inside = {id(n) for lam in ast.walk(func) if isinstance(lam, ast.Lambda)
+            for n in ast.walk(lam.body)}
+  nodes = [n for stmt in func.body for n in ast.walk(stmt)
+           if isinstance(n, ast.Assert) or id(n) not in inside and (
+               testsource.unittest_assert(n) or _checked_unittest(n))]
+  return sorted(nodes, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _checked_unittest(node: ast.AST) -> bool:
+  return (isinstance(node, ast.Call) and isinstance(node.func, ast.Lambda)
+          and [a.arg for a in node.func.args.args] == ['first', 'second'])
+
+
+def _singleton(node: ast.expr) -> bool:
+  return isinstance(node, ast.Constant) and any(node.value is v for v in (None, True, False))
+
+
+def _sides(node: ast.AST, checked: bool, func: ast.AST
+           ) -> tuple[ast.expr, ast.expr, bool, ast.Name | None] | None:
+  """(computed side, literal, identity, the name it was read through) of a sealable comparison;
+  the literal may be one a local name is bound to once, in `func`.
+
+  `checked`: also the forms grading's value checks made of an `a == b` (twins.py): a call of the
+  checks whose first two arguments are the sides, and the lambda called on `self.assertEqual`'s.
+  """
+  pair, op = None, None
+  if isinstance(node, ast.Assert):
+    test = node.test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+      pair, op = (test.left, test.comparators[0]), test.ops[0]
+    elif (checked and isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
+          and len(test.args) == 5 and not test.keywords
+          and all(isinstance(a, ast.Constant) for a in test.args[2:])):
+      pair, op = (test.args[0], test.args[1]), ast.Eq()
+  elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(
+      isinstance(a, ast.Starred) for a in node.args[:2]):
+    if testsource.unittest_assert(node) and node.func.attr in ('assertEqual', 'assertIs'):
+      pair, op = (node.args[0], node.args[1]), (
+          ast.Eq() if node.func.attr == 'assertEqual' else ast.Is())
+    elif checked and _checked_unittest(node):
+      pair, op = (node.args[0], node.args[1]), ast.Eq()
+  if pair is None:
+    return None
+
+  def literal_of(side):
+    if isinstance(side, ast.Name):
+      bound = testsource.bound_once(func, side.id)
+      return (bound, side) if bound is not None else (None, None)
+    return (side, None) if layout.is_literal(side) else (None, None)
+
+  for computed, side in (pair, pair[::-1]):
+    if literal_of(computed)[0] is not None:
+      continue
+    literal, name = literal_of(side)
+    if literal is None:
+      continue
+    if isinstance(op, ast.Is) and _singleton(literal):
+      return computed, literal, True, name
+    if isinstance(op, ast.Eq):
+      return computed, literal, False, name
+  return None
+
+
+# Methods of str an expected side may call on a parametrize argument, with literal arguments:
+# the harness applies them to the case's literal (inflection compares with `plural.capitalize()`
+# and `parameterized_string.replace('-', '__sep__')`).
+_STR_METHODS = frozenset({'capitalize', 'casefold', 'lower', 'lstrip', 'replace', 'rstrip',
+                          'strip', 'swapcase', 'title', 'upper'})
+
+
+def _argument(node: ast.expr, params: list[str]) -> tuple[str, tuple] | None:
+  """(parameter, the str methods called on it in order, each with its arguments) of a side that
+  is a parametrize argument, or such methods called on one."""
+  methods = []
+  while (isinstance(node, ast.Call) and not node.keywords
+         and isinstance(node.func, ast.Attribute) and node.func.attr in _STR_METHODS
+         and all(isinstance(a, ast.Constant) and isinstance(a.value, (str, int))
+                 for a in node.args)):
+    methods.append((node.func.attr, tuple(a.value for a in node.args)))
+    node = node.func.value
+  if isinstance(node, ast.Name) and node.id in params:
+    return node.id, tuple(reversed(methods))
+  return None
+
+
+def _case_sides(node: ast.AST, params: list[str]
+                ) -> tuple[ast.expr, ast.expr, str, tuple] | None:
+  """(computed side, expected side, its parameter, methods) of `assert a == <argument>`."""
+  if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+          and len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq)):
+    return None
+  pair = (node.test.left, node.test.comparators[0])
+  for computed, expected in (pair, pair[::-1]):
+    found = _argument(expected, params)
+    if found and _argument(computed, params) is None and not layout.is_literal(computed):
+      return computed, expected, *found
+  return None
+
+
+def _columns(func: ast.AST, params: list[str], ordinals: list[int]) -> dict[str, list[int]]:
+  """The parameters whose every use in `func` is the expected side of one of the `ordinals`'
+  asserts (their values can then leave the module), with those ordinals."""
+  points = _points(func)
+  by_param, inside = {}, set()
+  for k in ordinals:
+    sides = _case_sides(points[k], params) if k < len(points) else None
+    if sides:
+      by_param.setdefault(sides[2], []).append(k)
+      inside |= {id(n) for n in ast.walk(sides[1])}
+  uses = collections.defaultdict(list)
+  for n in ast.walk(func):
+    if isinstance(n, ast.Name):
+      uses[n.id].append(n)
+  return {p: ks for p, ks in by_param.items() if all(id(n) in inside for n in uses[p])}
+
+
+def _expected_value(literal: ast.expr, methods: tuple):
+  value = ast.literal_eval(literal)
+  for m, args in methods:
+    if type(value) is not str:  # pylint: disable=unidiomatic-typecheck
+      raise SealError(f'{m}() of a case value that is no str: {value!r}')
+    try:
+      value = getattr(str, m)(value, *args)
+    except (TypeError, ValueError) as e:
+      raise SealError(f'{m}{args!r} of {value!r}: {e}') from e
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+  """A parametrized test function whose case list sealing may rewrite."""
+  key: str  # Node id of the function.
+  test: testsource.Located
+  cases: testsource.Cases
+  ids: list[str]  # pytest's id of each case.
+
+
+def _tables(module: ast.Module, rel: str) -> dict[str, _Table]:
+  """The module's test functions with one parametrize list of literal cases and unique ids."""
+  out = {}
+  owners = [(module, f'{rel}::')] + [(c, f'{rel}::{c.name}::') for c in module.body
+                                       if isinstance(c, ast.ClassDef)]
+  for owner, prefix in owners:
+    for f in owner.body:
+      if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      test = testsource.Located(f, module, owner, prefix, None)
+      try:
+        cases = testsource.parametrize(test)
+        ids = cases.ids() if cases else []
+      except (testsource.Unplantable, ValueError):
+        continue
+      if cases and len(set(ids)) == len(ids):
+        out[prefix + f.name] = _Table(prefix + f.name, test, cases, ids)
+  return out
+
+
+def _sharing(tables: dict[str, _Table], table: _Table) -> list[_Table] | None:
+  """The tables that must be rewritten with `table`: itself, or every test parametrized over the
+  same module constant (which then goes); None when some reader of it is not such a table."""
+  container = table.cases.container
+  if not table.cases.shared and not any(
+      isinstance(a, ast.Assign) and a.value is container for a in table.test.module.body):
+    return [table]
+  readers = [t for t in tables.values() if t.cases.container is container]
+  constant = next(a.targets[0].id for a in table.test.module.body
+                  if isinstance(a, ast.Assign) and a.value is container)
+  loads = [n for n in ast.walk(table.test.module) if isinstance(n, ast.Name)
+           and n.id == constant and isinstance(n.ctx, ast.Load)]
+  return readers if len(loads) == len(readers) else None
+
+
+def _case_ordinals(tables: dict[str, _Table], key: str, ordinals: list[int]) -> list[int]:
+  """Of a parametrized function's unguarded asserts, those sealable through its arguments."""
+  table = tables.get(key)
+  if table is None or _sharing(tables, table) is None:
+    return []
+  func, cases = table.test.func, table.cases
+  points = _points(func)
+  sealable = []
+  for p, ks in _columns(func, cases.argnames, ordinals).items():
+    column = [vals[cases.argnames.index(p)] for vals in cases.values]
+    try:
+      for k in ks:
+        methods = _case_sides(points[k], cases.argnames)[3]
+        for literal in column:
+          _expected_value(literal, methods)
+    except SealError:
+      continue
+    sealable += ks
+  return sorted(sealable)
+
+
+def candidates(tree: Path, tests: list[str], cases: bool = True) -> dict[str, list[int]]:
+  """The sealable asserts of each required test's function (pristine tree), by ordinal; with
+  `cases`, also those that compare with a parametrize argument (_columns)."""
+  out, modules, tables = {}, {}, {}
+  for nodeid in tests:
+    key = function_of(nodeid)
+    if key in out:
+      continue
+    rel = key.split('::', 1)[0]
+    if rel not in modules:
+      try:
+        modules[rel] = layout.parse_source((tree / rel).read_text())
+      except (SyntaxError, OSError, UnicodeDecodeError):
+        modules[rel] = None
+    if modules[rel] is None:
+      continue
+    try:
+      func = testsource.locate(modules[rel], key).func
+    except testsource.Unplantable:
+      continue
+    guarded = _guarded(func)
+    points = _points(func)
+    free = [i for i, node in enumerate(points) if id(node) not in guarded]
+    ordinals = [i for i in free if _sides(points[i], False, func)]
+    if cases:
+      if rel not in tables:
+        tables[rel] = _tables(modules[rel], rel)
+      ordinals += _case_ordinals(tables[rel], key, [i for i in free if i not in ordinals])
+    if ordinals:
+      out[key] = sorted(ordinals)
+  return out
+
+
+def _guarded(func: ast.AST) -> set[int]:
+  """Nodes where an exception may be what the test wants: inside `with` blocks (`pytest.raises`,
+  `self.assertRaises`, ...) and `try` bodies. A sealed assert neither compares nor fails in the
+  process, so a comparison that raises there (of self-referencing values), or an assert meant to
+  fail, would change the test."""
+  blocks = (ast.With, ast.AsyncWith, ast.Try, getattr(ast, 'TryStar', ast.Try))
+  return {id(n) for block in ast.walk(func) if isinstance(block, blocks)
+          for stmt in block.body for n in ast.walk(stmt)}
+
+
+@dataclasses.dataclass
+class Sealing:
+  """The seals of one run: what each token stands for, and the twins sealed where they differ."""
+  expect: dict[str, Expectation] = dataclasses.field(default_factory=dict)
+  # Twins whose changed assert is sealed: they fail in the harness, not in pytest.
+  sealed_twins: set[str] = dataclasses.field(default_factory=set)
+  # Node ids grading gave the cases of rewritten parametrize lists -> the ids the task knows.
+  names: dict[str, str] = dataclasses.field(default_factory=dict)
+  # Per parametrized test function, the ordinals sealed through each argument.
+  arguments: dict[str, dict[str, list[int]]] = dataclasses.field(default_factory=dict)
+  # Per rewritten list: (the list it was made from, by its module and constant or function; the
+  # arguments whose values it keeps, sealed or not).
+  lists: dict[str, tuple[str, frozenset[str]]] = dataclasses.field(default_factory=dict)
+
+  def restore(self, by_test: dict[str, object]) -> dict[str, object]:
+    """`by_test` (outcomes, records, ...) keyed by the node ids the task knows."""
+    return {self.names.get(n, n): v for n, v in by_test.items()}
+
+
+def seal_asserts(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin],
+                 rng: random.Random) -> Sealing:
+  """Seals the asserts `functions` names (function node id -> ordinals) in the test files
+  under `tree`, and the same asserts of each function twin in `planted` of such a function
+  (twins.plant_twins wrote them first). Where a twin changed one of those asserts, it is sealed
+  with the twin's literal."""
+  copies = {}  # Function node id -> (source function, twin) for function twins.
+  for t in planted:
+    source = function_of(t.site.test)
+    if source in functions and function_of(t.nodeid) != source:
+      copies[function_of(t.nodeid)] = (source, t)
+  by_file = {}
+  for key in list(functions) + list(copies):
+    by_file.setdefault(key.split('::', 1)[0], []).append(key)
+  sealing = Sealing()
+  for rel, keys in sorted(by_file.items()):
+    _seal_file(tree, rel, {k: copies.get(k, (k, None)) for k in keys}, functions, planted,
+               sealing, rng)
+  return sealing
+
+
+def _seal_file(tree: Path, rel: str, keys: dict[str, tuple[str, twins.Twin | None]],
+               functions: dict[str, list[int]], planted: list[twins.Twin], sealing: Sealing,
+               rng: random.Random) -> None:
+  """Seals one test file's functions `keys` (node id -> (the function whose asserts it seals,
+  its twin or None)) in place, with the record function inserted under a fresh name."""
+  path = tree / rel
+  text = path.read_text()
+  mod = testsource.Module.parse(text)
+  name = testsource.fresh_name(rng.choice(mod.vocab or ['value']), mod.vocab, mod.taken, rng,
+                               prefix='_')
+  edits = []
+  documented = [mod.tree]  # Whose docstrings go: the module, each sealed test and its class.
+  tables = _tables(mod.tree, rel)
+  columns_sealed = {}  # Function -> argument -> (ordinal, token, str methods) of its asserts.
+  for key, (source, twin) in keys.items():
+    located = testsource.locate(mod.tree, key)
+    documented += [located.func, located.owner]
+    edits += _seal_function(mod, key, located.func, source, twin, functions[source], name,
+                            tables, sealing, columns_sealed)
+  rewritten = _rewritten(tables, columns_sealed)
+  for i, table in enumerate(rewritten):
+    # The first list of a constant keeps the order its tests may rely on; the others are
+    # shuffled, so that no two line up.
+    shuffle = any(t.cases.container is table.cases.container for t in rewritten[:i])
+    edits += _rewrite(mod, table, columns_sealed.get(table.key, {}), planted, sealing, rng,
+                      shuffle)
+    documented += [table.test.func, table.test.owner]
+  # A constant whose every reader now has its own list goes: it pairs what the lists do not.
+  lists = {id(t.cases.container) for t in rewritten}
+  edits += [(*mod.src.span(a.value), 'None') for a in mod.tree.body
+            if isinstance(a, ast.Assign) and id(a.value) in lists]
+  edits += [c for c in _commentary(mod, documented)  # Not those in an assert replaced whole.
+            if not any(a <= c[0] < b for a, b, _ in edits)]
+  stmt = rng.choice([s for s in mod.tree.body if isinstance(
+      s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
+  at = mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
+  edits.append((at, at, f'{sandboxed.copied(record.PIECES, name)}\n\n{name}.seen = []\n\n\n'))
+  sealed = testsource.apply(text, edits)
+  try:
+    layout.parse_source(sealed)
+  except SyntaxError as e:
+    raise SealError(f'sealing broke the syntax of {rel}: {e}') from e
+  path.write_text(sealed)
+
+
+def _seal_function(mod: testsource.Module, key: str, func: ast.AST, source: str,
+                   twin: twins.Twin | None, ordinals: list[int], name: str,
+                   tables: dict[str, _Table], sealing: Sealing,
+                   columns_sealed: dict) -> list[testsource.Edit]:
+  """The edits sealing asserts `ordinals` of one test function (or of a twin of `source`):
+  each through a call of `name` with a fresh token; those that compare with a parametrize
+  argument through the argument (recorded in `columns_sealed`)."""
+  points = _points(func)
+  originals = points if twin is None else _points(testsource.locate(mod.tree, source).func)
+  edits = []
+  names = []  # The names sealed asserts read their literal through.
+  replaced = []  # (sealed assert, its computed side, which the seal keeps).
+  by_argument = []  # Ordinals that compare with a parametrize argument.
+  for ordinal in ordinals:
+    if ordinal >= len(points):
+      raise SealError(f'{key} has no assert {ordinal}')
+    node = points[ordinal]
+    sides = _sides(node, True, func)
+    if sides is None and twin is None and key in tables:
+      by_argument.append(ordinal)
+      continue
+    if sides is None:
+      raise SealError(f'assert {ordinal} of {key} is no sealable comparison: '
+                      f'{mod.src.segment(node)[:80]}')
+    computed, literal, identity, name_read = sides
+    token = secrets.token_hex(6)
+    sealing.expect[token] = Expectation(key, ordinal, ast.literal_eval(literal), identity)
+    # Unparsed: a comment inside the side may quote the literal. Without its message, which may
+    # quote the literal. From `assert`: the test may open a parenthesis.
+    call = f'{name}({ast.unparse(computed)}, {token!r})'
+    edits.append((*mod.src.span(node),
+                  f'assert {call}' if isinstance(node, ast.Assert) else f'self.assertTrue({call})'))
+    if name_read is not None:
+      names.append((name_read, literal))
+    replaced.append((node, computed))
+    if (twin is not None and twin.kind != 'value'
+        and ast.dump(node) != ast.dump(originals[ordinal])):
+      # The twin's change is in this assert: it fails in the harness, not in pytest.
+      sealing.sealed_twins.add(twin.nodeid)
+  edits += _unbound(mod, func, names, replaced)
+  if by_argument:
+    edits += _seal_columns(mod, key, func, points, by_argument, name, tables, sealing,
+                           columns_sealed)
+  return edits
+
+
+def _seal_columns(mod: testsource.Module, key: str, func: ast.AST, points: list, by_argument: list[int],
+                  name: str, tables: dict[str, _Table], sealing: Sealing,
+                  columns_sealed: dict) -> list[testsource.Edit]:
+  """Seals the asserts `by_argument` of a parametrized test through their parametrize argument."""
+  columns = _columns(func, tables[key].cases.argnames, by_argument)
+  if sorted(k for ks in columns.values() for k in ks) != sorted(by_argument):
+    raise SealError(f'{key}: asserts {by_argument} are no sealable comparisons')
+  sealing.arguments[key] = columns
+  edits = []
+  for ordinal in by_argument:
+    computed, _, param, methods = _case_sides(points[ordinal], tables[key].cases.argnames)
+    token = secrets.token_hex(6)
+    columns_sealed.setdefault(key, {}).setdefault(param, []).append((ordinal, token, methods))
+    edits.append((*mod.src.span(points[ordinal]),
+                  f'assert {name}({ast.unparse(computed)}, {token!r} + {param})'))
+  return edits
+
+
+def _rewritten(tables: dict[str, _Table], sealed: dict[str, dict]) -> list[_Table]:
+  """The case lists to rewrite: those of functions with asserts sealed through an argument, and
+  of every other test that reads the same module constant."""
+  out = {}
+  for key in sealed:
+    readers = _sharing(tables, tables[key])
+    if readers is None:
+      raise SealError(f'{key}: its cases are in a constant that not only parametrize lists read')
+    out.update((t.key, t) for t in readers)
+  return list(out.values())
+
+
+def _fixture_arguments(module: ast.Module) -> set[str]:
+  """Names the module's fixtures take: a parametrize argument may feed one."""
+  def fixture(d):
+    d = d.func if isinstance(d, ast.Call) else d
+    return getattr(d, 'attr', getattr(d, 'id', None)) == 'fixture'
+  return {a.arg for f in ast.walk(module) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and any(map(fixture, f.decorator_list)) for a in f.args.args + f.args.kwonlyargs}
+
+
+def _rewrite(mod: testsource.Module, table: _Table, sealed: dict[str, list[tuple[int, str, tuple]]],
+             planted: list[twins.Twin], sealing: Sealing, rng: random.Random, shuffle: bool
+             ) -> list[testsource.Edit]:
+  """The test's parametrize list, written into its decorator: each case under an id of no
+  meaning (pytest's ids are made from the values), with `shuffle` in a random order, the values
+  of the `sealed` arguments replaced by tokens, of arguments the test does not read by None. The
+  expectations of the sealed asserts, one per case, go to `sealing`."""
+  func, cases = table.test.func, table.cases
+  read = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
+  taken = {a.arg for a in func.args.args + func.args.kwonlyargs} - _fixture_arguments(mod.tree)
+  unread = {p for p in cases.argnames if p in taken and p not in read}
+  twin_of = {t.nodeid: t for t in planted if t.kind == 'case'}
+  rows = []
+  for vals, case_id in zip(cases.values, table.ids):
+    nodeid, tokens = f'{table.key}[{case_id}]', {p: secrets.token_hex(6) for p in sealed}
+    parts = [repr(tokens[p]) if p in sealed else 'None' if p in unread else mod.src.segment(v)
+             for p, v in zip(cases.argnames, vals)]
+    for p, asserts in sealed.items():
+      literal = vals[cases.argnames.index(p)]
+      for ordinal, token, methods in asserts:
+        sealing.expect[token + tokens[p]] = Expectation(
+            table.key, ordinal, _expected_value(literal, methods), False, nodeid)
+    twin = twin_of.get(nodeid)
+    changed = twin and _case_sides(testsource.mutation_points(func)[twin.site.point], cases.argnames)
+    if changed and changed[2] in sealed:
+      sealing.sealed_twins.add(nodeid)  # Its changed value is sealed: it fails in the harness.
+    opaque = secrets.token_hex(6)
+    sealing.names[f'{table.key}[{opaque}]'] = nodeid
+    rows.append((parts[0] if cases.single else f'({", ".join(parts)}{"," * (len(parts) == 1)})',
+                 opaque))
+  if shuffle:
+    rng.shuffle(rows)
+  constant = next((f'{table.key.split("::", 1)[0]}::{a.targets[0].id}' for a in mod.tree.body
+                   if isinstance(a, ast.Assign) and a.value is cases.container), table.key)
+  sealing.lists[table.key] = (constant, frozenset(cases.argnames) - unread)
+  mark = next(m for m in testsource.marks(func) if len(m.args) == 2)
+  line = mod.src.lines[mark.lineno - 1]
+  indent = line[:len(line) - len(line.lstrip())]
+  text = (f'{mod.src.segment(mark.func)}({mod.src.segment(mark.args[0])}, [\n'
+          + ''.join(f'{indent}    {row},\n' for row, _ in rows)
+          + f'{indent}], ids={[opaque for _, opaque in rows]!r})')
+  return [(*mod.src.span(mark), text)]
+
+
+def _unbound(mod: testsource.Module, func: ast.AST, names: list[tuple[ast.Name, ast.expr]],
+             replaced: list[tuple[ast.AST, ast.expr]]) -> list[testsource.Edit]:
+  """A local bound to a literal that nothing reads once the sealed asserts are replaced (their
+  messages and literal sides go; their computed sides stay) is bound to None instead: the
+  literal leaves the module with them."""
+  gone = {id(n) for node, _ in replaced for n in ast.walk(node)}
+  kept = {id(n) for _, computed in replaced for n in ast.walk(computed)}
+  edits = []
+  for name in {n.id for n, _ in names}:
+    read = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name
+            and isinstance(n.ctx, ast.Load) and (id(n) not in gone or id(n) in kept)]
+    if not read:
+      literal = next(lit for n, lit in names if n.id == name)
+      edits.append((*mod.src.span(literal), 'None'))
+  return edits
+
+
+# Comments the module needs: an encoding declaration, a shebang.
+_KEPT_COMMENT = re.compile(r'#!|#.*coding[:=]')
+
+
+def _commentary(mod: testsource.Module, documented: list[ast.AST]) -> list[testsource.Edit]:
+  """Every comment of a sealed module, and the docstrings of `documented` (the module, the sealed
+  tests and their classes), removed: any may quote what a sealed assert expects (next to it,
+  above its test, at the end of the file). Other docstrings stay: tests read those of the
+  functions they define (toolz checks what `excepts` makes of them)."""
+  edits = []
+  for node in {id(n): n for n in documented}.values():
+    first = node.body[0] if node.body else None
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)):
+      edits.append((*mod.src.span(first.value), "''"))
+  try:
+    for tok in tokenize.generate_tokens(io.StringIO(mod.src.text).readline):
+      if tok.type == tokenize.COMMENT and not (
+          tok.start[0] <= 2 and _KEPT_COMMENT.match(tok.string)):
+        at = mod.src.starts[tok.start[0] - 1] + tok.start[1]
+        edits.append((at, at + len(tok.string), ''))
+  except (tokenize.TokenError, SyntaxError):
+    pass  # The module parsed: tokenize does not fail on it.
+  return edits
+
+
+def verified(records: dict[str, list[list[str]]], sealing: Sealing,
+             tests: list[str]) -> list[str]:
+  """The factory's run of the original: '<node id>@<ordinal>' of each test's sealed asserts
+  (of its own function) that recorded, where no record of that assert, in any test, was
+  unequal. Twins (copies of other functions, extra cases) are to be unequal, and are not
+  counted: only the expectations of the required tests' functions and cases are."""
+  required = set(tests)
+  functions_of = {function_of(n) for n in tests}
+  failed = {(e.function, e.ordinal) for recs in records.values()
+            for e, text in ((sealing.expect[t], text) for t, text in _known(recs, sealing))
+            if e.function in functions_of and (e.case is None or e.case in required)
+            and not e.met(text)}
+  seen = {(n, sealing.expect[t].ordinal) for n in tests
+          for t, _ in _known(records.get(n, []), sealing)
+          if sealing.expect[t].of(n)}
+  kept = {(n, k) for n, k in seen if (function_of(n), k) not in failed}
+  dropped = _unpaired(sealing, kept)
+  return sorted(f'{n}@{k}' for n, k in kept if (function_of(n), k) not in dropped)
+
+
+def _unpaired(sealing: Sealing, kept: set[tuple[str, int]]) -> set[tuple[str, int]]:
+  """(function, ordinal) of the argument seals to drop: an argument's values leave the module
+  only when all its asserts are sealed (_columns), and only when no list made from the same
+  constant keeps them beside an argument the sealed test keeps (its input)."""
+  whole = {f: set(ks) for f, ks in functions([f'{n}@{k}' for n, k in kept]).items()}
+  sealed = {g: set() for g in sealing.lists}
+  for f, args in sealing.arguments.items():
+    sealed[f] = {p for p, ks in args.items() if set(ks) <= whole.get(f, set())}
+  changed = True
+  while changed:  # Each argument dropped is kept in its list: it may pair with another.
+    changed = False
+    for f, (source, keeps) in sealing.lists.items():
+      plain_f = keeps - sealed[f]
+      for g, (other, also) in sealing.lists.items():
+        plain_g = also - sealed[g]
+        if other == source and plain_g & plain_f and sealed[f] & plain_g:
+          sealed[f] -= plain_g
+          changed = True
+  return {(f, k) for f, args in sealing.arguments.items() for p, ks in args.items()
+          if p not in sealed[f] for k in ks}
+
+
+def _known(records: list, sealing: Sealing) -> list[tuple[str, str]]:
+  """The well-formed records of planted tokens (a test may run another function's sealed
+  asserts: a test method a subclass inherits, a test that calls another)."""
+  return [(r[0], r[1]) for r in records if isinstance(r, list) and len(r) == 2
+          and all(isinstance(x, str) for x in r) and r[0] in sealing.expect]
+
+
+def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[str]
+          ) -> tuple[dict[str, str], list[str]]:
+  """(tests that fail in the harness, with why; tamper flags) from a grading's records.
+
+  A test fails when a record it made, of any sealed assert, is unequal to that assert's literal,
+  or (for the sealed asserts `required` names) when such an assert of its own recorded nothing.
+  A record that is not a pair of strings, or whose token was never planted, is forged: no honest
+  code writes records.
+  """
+  failed, flags = {}, []
+  for nodeid, recs in records.items():
+    for r in recs:
+      if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)):
+        flags.append(f'unreadable seal record in {nodeid}')
+      elif r[0] not in sealing.expect:
+        flags.append(f'seal record with a token never planted in {nodeid}')
+    for token, text in _known(recs, sealing):
+      exp = sealing.expect[token]
+      if not exp.met(text):
+        failed.setdefault(nodeid, f'sealed assert {exp.ordinal} unequal to its literal')
+  recorded = {(n, sealing.expect[t].ordinal) for n, recs in records.items()
+              for t, _ in _known(recs, sealing) if sealing.expect[t].of(n)}
+  for nodeid, ordinal in map(_entry, required):
+    if (nodeid, ordinal) not in recorded:
+      failed.setdefault(nodeid, f'sealed assert {ordinal} recorded nothing')
+  return failed, sorted(set(flags))
+
+
+def _entry(entry: str) -> tuple[str, int]:
+  """A Task.sealed entry, '<node id>@<ordinal>', as (node id, ordinal)."""
+  nodeid, _, ordinal = entry.rpartition('@')
+  return nodeid, int(ordinal)
+
+
+def functions(entries: list[str]) -> dict[str, list[int]]:
+  """Task.sealed's entries as ordinals by test function."""
+  out = {}
+  for nodeid, ordinal in map(_entry, entries):
+    out.setdefault(function_of(nodeid), set()).add(ordinal)
+  return {k: sorted(v) for k, v in out.items()}
