@@ -70,7 +70,8 @@ def main(argv):
   report['sdists'] = [s.name for s in sdists]
   print(table(report))
   print(f'attacks tried {report["attacks_tried"]}, blocked {report["attacks_blocked"]} '
-        f'(missed: {", ".join(report["missed"]) or "none"}), flagged {report["flagged"]}, '
+        f'(missed: {", ".join(report["missed"]) or "none"}), masked {len(report["masked"])}, '
+        f'flagged {report["flagged"]}, '
         f'controls ok {report["controls_ok"]}/{report["attacks_tried"]}, leak hunts that found '
         f'the code without the sandbox {report["controls_found_leak"]}/{report["hunts"]}, '
         f'honest solutions passed {report["honest_passed"]}/{report["honest_total"]} '

@@ -57,6 +57,11 @@ class RLConfig:
   group_size: int = 4               # Rollouts per task (the group baseline).
   max_targets: int = 32             # Distillation slots per step (more hints: a random subset).
   staleness: int = 0                # Steps the sampler runs ahead of the update (0: synchronous; 1: one step off).
+  # A masked episode (an environment fault: no reward) teaches nothing; many of them mean the
+  # harness is broken, or that the policy found a way to break it. The run stops with an error
+  # once the share of masked episodes so far passes this, counted after mask_rate_after episodes.
+  max_mask_rate: float = 0.02
+  mask_rate_after: int = 50         # Episodes before the mask rate is judged (one fault in 16 is 6%).
 
   def validate(self, path: str = 'rl.') -> 'RLConfig':
     for f in ('steps', 'tasks_per_step', 'group_size', 'max_targets'):
@@ -64,6 +69,10 @@ class RLConfig:
         raise configs.invalid(path + f, getattr(self, f), 'must be positive')
     if self.staleness < 0:
       raise configs.invalid(path + 'staleness', self.staleness, 'must be >= 0')
+    if not 0 <= self.max_mask_rate <= 1:
+      raise configs.invalid(path + 'max_mask_rate', self.max_mask_rate, 'must be in [0, 1]')
+    if self.mask_rate_after < 0:
+      raise configs.invalid(path + 'mask_rate_after', self.mask_rate_after, 'must be >= 0')
     return self
 
 

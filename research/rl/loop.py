@@ -253,15 +253,18 @@ class Runner:
     if start == 0:
       writer.write(0, {**before['row'], 'rollouts': 0})
     bar = tqdm.tqdm(total=r.steps, initial=start, desc='rl', unit='step')
+    masked = MaskCount(r.max_mask_rate, r.mask_rate_after)
     pool, pending = futures.ThreadPoolExecutor(1, thread_name_prefix='sampler') if r.staleness else None, {}
     for step in range(start + 1, r.steps + 1):
       t0 = time.perf_counter()
       state, row = self.train_step(step, state, self._ahead(step, state.params, pending, pool))
       row['time_step'] = time.perf_counter() - t0  # Wall time: sampling ahead overlaps the rest.
       row['rollouts'] = step * self.batch_rows
+      masked.add(row['env_faults'], self.batch_rows)
       if step % c.eval.every == 0 or step == r.steps:
         row.update(self._eval_row(state.params, eval_tasks, before['fired'])[0])
       writer.write(step, row)
+      masked.check(step)
       bar.update(1)
       bar.set_postfix(success=f'{row["success_rate"]:.2f}', fb=int(row['feedback_count']),
                       kl=f'{row["distill_kl"]:.3f}', eval=f'{row.get("eval_success", float("nan")):.2f}')
@@ -345,7 +348,7 @@ class Runner:
            'success_rate': float(np.mean([t.success for t in trajs if t.fault is None] or [0.0])),
            'feedback_count': len(ro.feedback),
            'targets_dropped': len(ro.feedback) - len(ro.targets) if self.c.loss.distill_coef else 0,
-           'env_faults': st.faults, 'truncated': st.truncated,
+           'env_faults': st.faults, 'mask_rate': st.faults / max(len(trajs), 1), 'truncated': st.truncated,
            'obs_truncated': st.obs_truncated, 'malformed_tokens': st.malformed_tokens,
            'rollout_tokens_per_s': st.new_tokens / max(st.sample_s, 1e-9),
            'policy_tokens': float(np.mean([t.num_policy_tokens for t in trajs])),
@@ -407,6 +410,32 @@ class Runner:
       if ks:
         row[f'rule/{name}/kl'] = float(np.mean(ks))
     return RLState(train, state.teacher), row
+
+
+class MaskRateError(RuntimeError):
+  """Too many episodes masked (rl.max_mask_rate): the harness fails, or the policy breaks it."""
+
+
+@dataclasses.dataclass
+class MaskCount:
+  """The run's masked episodes (environment faults) against rl.max_mask_rate."""
+  limit: float
+  after: int                        # Episodes before the rate is judged.
+  masked: int = 0
+  episodes: int = 0
+
+  def add(self, masked: int, episodes: int) -> None:
+    self.masked += masked
+    self.episodes += episodes
+
+  def check(self, step: int) -> None:
+    rate = self.masked / max(self.episodes, 1)
+    if self.episodes >= self.after and rate > self.limit:
+      raise MaskRateError(
+          f'step {step}: {self.masked} of {self.episodes} episodes masked ({rate:.1%}) by '
+          f'environment faults, above rl.max_mask_rate={self.limit:.1%}; a masked episode gets no '
+          'reward, so a policy that breaks the harness escapes its failures: see the rows\' '
+          'env_faults and the trajectories\' fault in metrics.jsonl before resuming')
 
 
 def run(config: RLExperimentConfig, workdir: str) -> dict:

@@ -251,6 +251,8 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
                             env=popen_env, start_new_session=True,
                             pass_fds=tuple(pass_fds) + ((seccomp,) if isolate else ()))
+  except OSError as e:  # Nothing ran (a missing tool, no processes left): the harness's fault.
+    return Completed(-1, False, time.perf_counter() - start, '', f'could not start: {e}')
   finally:
     if seccomp is not None:
       os.close(seccomp)

@@ -48,6 +48,12 @@ class Task:
   # Asserts of required tests whose literal grading compares outside the sandbox
   # ('<node id>@<ordinal>', research/tasks/grading/seal.py).
   sealed: list[str]
+  # Differential checks (research/tasks/grading/differential.py): the calls of the deleted
+  # function the required tests make that the original answers the same way twice (record.py's
+  # encodings of [args, kwargs]; empty: the task does not use them), and the directory, relative
+  # like `tree`, that holds the original `file` (None with no calls).
+  calls: list[str]
+  original: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +121,13 @@ def write_shards(directory: Path, tasks: list[Task], solutions: Iterable[Solutio
 
 def upgrade(record: dict) -> dict:
   """A task record as this version reads it, from any earlier version's: the one place that
-  knows older records. Records made before sealing seal nothing; `environment` is now `venv`; value twin sites of records
-  made before checked originals (`@-1~seed`, twins.WHOLE) stay readable as they are."""
+  knows older records. Records made before sealing seal nothing, and before differential checks
+  use none; `environment` is now `venv`; value twin sites of records made before checked
+  originals (`@-1~seed`, twins.WHOLE) stay readable as they are."""
   record = dict(record)
   if 'environment' in record:  # Named `venv` since the restructuring (issue 38).
     record['venv'] = record.pop('environment')
-  return {'sealed': [], **record}
+  return {'sealed': [], 'calls': [], 'original': None, **record}
 
 
 def decode(record: bytes | str) -> Task:

@@ -166,3 +166,55 @@ def test_one_step_off_samples_with_the_previous_params_and_weights_tokens(tmp_pa
   state, row2 = r.train_step(2, state, ro2)
   assert abs(row1['is_log_ratio']) < 1e-4 and row1['is_ess'] > 0.999  # On-policy.
   assert abs(row2['is_log_ratio']) > 10 * abs(row1['is_log_ratio']) and row2['is_ess'] < row1['is_ess']
+
+
+class _Broken:
+  """An episode whose environment fails at its first step (a harness fault: masked)."""
+
+  def __init__(self, episode):
+    self.prompt = episode.prompt
+
+  def step(self, message):
+    raise RuntimeError('the sandbox is gone')
+
+  def close(self, reason):
+    raise RuntimeError('the sandbox is gone')
+
+
+def test_a_run_whose_mask_rate_passes_the_limit_stops(tmp_path):
+  c = _tiny(3)
+  c.rl.mask_rate_after = 8  # One step's episodes.
+  r = loop.Runner(c, str(tmp_path))
+  reset = r.env.reset
+  calls = []
+
+  def reset_some_broken(task):
+    calls.append(task)
+    return _Broken(reset(task)) if len(calls) % 4 == 0 else reset(task)
+  r.env.reset = reset_some_broken
+  try:
+    r.run()
+  except loop.MaskRateError as e:
+    message = str(e)
+  else:
+    raise AssertionError('the run went on with a quarter of its episodes masked')
+  assert message.startswith('step 1: ') and 'rl.max_mask_rate=2.0%' in message, message
+  rows = [json.loads(l) for l in open(os.path.join(tmp_path, 'metrics.jsonl'))]
+  last = rows[-1]
+  assert last['step'] == 1 and last['env_faults'] >= 1 and last['mask_rate'] == last['env_faults'] / 8
+
+
+def test_mask_count_judges_the_run_so_far_after_enough_episodes():
+  count = loop.MaskCount(0.02, after=50)
+  count.add(1, 16)
+  count.check(1)  # 6%, but only 16 episodes.
+  for step in range(2, 5):
+    count.add(0, 16)
+  count.check(4)  # 1 of 64: 1.6%.
+  count.add(1, 16)
+  try:
+    count.check(5)
+  except loop.MaskRateError as e:
+    assert str(e).startswith('step 5: 2 of 80 episodes masked (2.5%)')
+  else:
+    raise AssertionError('2.5% masked passed a 2% limit')

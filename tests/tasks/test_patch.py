@@ -19,16 +19,20 @@ def _task(**overrides):
                 packages=['pkg'], python_path=[''], site_dirs=[], config_file=None,
                 time_limit_s=30.0, cpu_limit_s=10, tree='trees/t', grading_tree='trees/t',
                 visible_tests=True, twin_sites=[], max_twins=4, python=sys.executable,
-                venv=None, lines_deleted=1, covering_tests=1, cyclomatic=1, sealed=[])
+                venv=None, lines_deleted=1, covering_tests=1, cyclomatic=1, sealed=[], calls=[],
+                original=None)
   return Task(**{**fields, **overrides})
 
 
 def test_records_of_earlier_versions_are_upgraded_and_unknown_fields_named():
   record = dataclasses.asdict(_task(sealed=['tests/test_mod.py::test_a@0']))
   assert task_lib.decode(json.dumps(record)) == _task(sealed=['tests/test_mod.py::test_a@0'])
-  del record['sealed']  # Made before sealing, and before `environment` was `venv`.
+  # Made before sealing and differential checks, and before `environment` was `venv`.
+  for old in ('sealed', 'calls', 'original'):
+    del record[old]
   record['environment'] = record.pop('venv')
-  assert task_lib.decode(json.dumps(record)).sealed == []
+  upgraded = task_lib.decode(json.dumps(record))
+  assert upgraded.sealed == [] and upgraded.calls == [] and upgraded.original is None
   with pytest.raises(ValueError, match=r"unknown fields \['colour'\]"):
     task_lib.decode(json.dumps({**record, 'colour': 'red'}))
 

@@ -63,6 +63,18 @@ def test_obfuscated_plants_hold_no_telling_name(parts, modules):
   assert not hidden & set(TELLING)  # ...the obfuscated one nowhere.
 
 
+def test_round_three_classes_have_five_attacks_on_three_tasks():
+  for cls in (base.MEMORIZED, base.CALLER, base.PYTEST_IN_PLACE, base.REPORT_FAULT):
+    attacks = [a for a in redteam.ATTACKS if a.cls == cls]
+    assert len(attacks) >= 5 and len({a.target for a in attacks}) >= 3, cls
+
+
+def test_no_attack_is_masked(report):
+  # A harness fault spares the policy its 0 (RL masks it): no attack may turn into one.
+  assert report['masked'] == [], report['masked']
+  assert all(a['reward'] is not None for a in report['attacks'])
+
+
 def test_every_control_fails_the_tests_without_a_flag(report):
   for a in report['attacks']:
     assert a['control_reward'] == 0.0 and not a['control_tamper'], a

@@ -6,11 +6,13 @@ import sys
 import pytest
 
 from research.tasks.grading import sandboxed
-from research.tasks.grading.sandboxed import record, runner, value_check
+from research.tasks.grading.sandboxed import calls, record, runner, value_check
 
-# The runner drives pytest (and coverage, for the factory's coverage run); nothing else may be
-# imported beside the candidate's code, where a module under test could stand in for it.
-ALLOWED = {runner: {'pytest', '_pytest', 'coverage'}, record: set(), value_check: set()}
+# The runner drives pytest (and coverage, for the factory's coverage run), calls.py pytest (the
+# factory's trace) and record.py (copied beside it); nothing else may be imported beside the
+# candidate's code, where a module under test could stand in for it.
+ALLOWED = {runner: {'pytest', '_pytest', 'coverage'}, record: set(), value_check: set(),
+           calls: {'pytest', 'record'}}
 
 
 @pytest.mark.parametrize('module', list(ALLOWED), ids=lambda m: m.__name__.rsplit('.', 1)[1])

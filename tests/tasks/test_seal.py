@@ -418,14 +418,18 @@ def test_a_reader_of_expectations_is_rewarded_without_seals_and_fails_with_them(
            if t.id == 'textops.core.title_case.body')
   tree, graded = task_dir / t.tree, task_dir / t.grading_tree
   assert 'tests/test_core.py::test_title_case@0' in t.sealed
-  # Twins only of tests that do not call title_case, so that only the seals stand in the way.
-  t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'title_case' not in s])
+  # Twins only of tests that do not call title_case, and no differential check, so that only the
+  # seals stand in the way.
+  checked = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'title_case' not in s])
+  t = dataclasses.replace(checked, calls=[])
   source = (tree / t.file).read_text().replace(
       '  raise NotImplementedError\n', textwrap.indent(readers.READER, '  '), 1)
   forged = patch_lib.file_diff(t.file, patch_lib.read_entry(tree / t.file),
                                (source.encode(), '100644'))
   unsealed = grading.grade(dataclasses.replace(t, sealed=[]), graded, forged)
   assert (unsealed.reward, unsealed.tamper) == (1.0, [])
+  # Unsealed, the differential check stops it (fresh inputs have no test line to read).
+  assert grading.grade(dataclasses.replace(checked, sealed=[]), graded, forged).reward == 0.0
   g = grading.grade(t, graded, forged)
   assert g.reward == 0.0 and g.tamper == []
   assert g.outcomes['tests/test_core.py::test_title_case'] == 'failed'

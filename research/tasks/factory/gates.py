@@ -18,6 +18,7 @@ from research.tasks import sandbox
 from research.tasks.factory import deletion
 from research.tasks.factory import scrub
 from research.tasks.factory.candidates import Candidate, Prepared, Rejected, Settings, delete
+from research.tasks.grading import differential
 from research.tasks.grading import seal
 from research.tasks.grading import tamper
 from research.tasks.grading import testsource
@@ -217,6 +218,7 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settin
       _weak_tests(deleted_tree, base, cand, outcome, prepared)
       sites, sealed = _verify_twins(deleted_tree, base, cand, outcome, prepared, settings.seed)
     task = _task(cand, out, tree, graded, outcome, prepared, settings, sites, sealed, removed)
+    task = _with_calls(task, base, out, outcome, prepared, settings)
     solution = Solution(cand.id, patch_lib.file_diff(
         cand.file, patch_lib.read_entry(tree / cand.file), patch_lib.read_entry(base / cand.file)),
         removed, prints)
@@ -225,11 +227,26 @@ def _make_one(base: Path, out: Path, cand: Candidate, prepared: Prepared, settin
     if result.reward != 1.0:
       raise Rejected('reference_fails', f'original graded {result.reward}: {result.reason}')
   except Rejected:
-    for path in (tree, graded):
+    for path in (tree, graded, out / 'originals' / cand.id):
       if path.exists():
         shutil.rmtree(path)
     raise
   return task, solution
+
+
+def _with_calls(task: Task, base: Path, out: Path, outcome: _Outcome, prepared: Prepared,
+                settings: Settings) -> Task:
+  """The task with its differential calls (grading/differential.py) and, where it has some, its
+  original file under `originals/<id>/`, out of the policy's tree."""
+  with tempfile.TemporaryDirectory(prefix='calls-') as scratch:
+    calls, _ = differential.record_calls(task, base, Path(scratch), outcome.limits,
+                                         seed=settings.seed, isolate=prepared.harness.isolate)
+  if not calls:
+    return task
+  original = out / 'originals' / task.id
+  (original / task.file).parent.mkdir(parents=True, exist_ok=True)
+  shutil.copy(base / task.file, original / task.file)
+  return dataclasses.replace(task, calls=calls, original=original.relative_to(out).as_posix())
 
 
 def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcome,
@@ -249,4 +266,5 @@ def _task(cand: Candidate, out: Path, tree: Path, graded: Path, outcome: _Outcom
       visible_tests=settings.visible_tests, twin_sites=sites, max_twins=settings.max_twins,
       python=harness.python, venv=settings.venv,
       lines_deleted=sum(1 for line in removed.splitlines() if line.strip()),
-      covering_tests=len(cand.tests), cyclomatic=deletion.cyclomatic(removed), sealed=sealed)
+      covering_tests=len(cand.tests), cyclomatic=deletion.cyclomatic(removed), sealed=sealed,
+      calls=[], original=None)

@@ -17,6 +17,7 @@ import tempfile
 from research.tasks import layout
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
+from research.tasks.grading import differential
 from research.tasks.grading import isolation
 from research.tasks.grading import policy
 from research.tasks.grading import seal
@@ -58,34 +59,38 @@ def limits_for(task: Task) -> sandbox.Limits:
   return sandbox.Limits(cpu_s=task.cpu_limit_s, wall_s=task.time_limit_s)
 
 
-def _applied(task: Task, tree: Path, patch: str, work: Path) -> tuple[Grade | None, list[str], list[str]]:
+def _applied(task: Task, tree: Path, patch: str, work: Path, flags: list[str],
+             rejected: list[str]) -> Grade | None:
   """Steps 1-3: the diff parsed, filtered by the policy, applied to a copy of `tree` at `work` and
-  scanned. Returns (a final grade where nothing can run, tamper flags, rejected sections)."""
+  scanned; tamper flags and rejected sections added to `flags` and `rejected` as they are found.
+  Returns a final grade where nothing can run, else None."""
   try:
     sections = patch_lib.parse(patch)
   except patch_lib.PatchError as e:
-    return Grade(f'malformed patch: {e}', e.flags), e.flags, []
-  kept, rejected, flags = policy.filter_sections(sections, task)
+    flags += e.flags
+    return Grade(f'malformed patch: {e}', flags)
+  kept, rejected[:], flags[:] = policy.filter_sections(sections, task)
   if not kept:
-    return Grade('no applicable source changes', flags, rejected), flags, rejected
+    return Grade('no applicable source changes', flags, rejected)
   layout.copy_tree(tree, work)
   error, applied_flags = policy.apply_checked(work, kept, task)
   flags += applied_flags
   if error:
-    return Grade(error, flags, rejected), flags, rejected
+    return Grade(error, flags, rejected)
   for section in kept:
     if section.new_path:
       old = tree / section.old_path if section.old_path else None
       new = (work / section.new_path).read_text(errors='replace')
       flags += [f'{c} in {section.new_path}' for c in tamper.scan(
           old.read_text(errors='replace') if old and old.is_file() else None, new)]
-  return None, flags, rejected
+  return None
 
 
 def _run_flags(run: testrun.TestRun, runs: list[testrun.TestRun], parts: list[isolation.Part],
                planted: Planted, task: Task) -> tuple[list[str], dict[str, str], dict[str, str]]:
-  """Step 6's checks of the finished runs: (flags, outcomes after the seals, unmet seals)."""
-  flags = list(run.problems)
+  """Step 6's checks of the finished runs (run.problems aside): (flags, outcomes after the seals,
+  unmet seals)."""
+  flags = []
   # A test pytest passed fails here when its sealed asserts' records miss their literals.
   unmet, seal_flags = seal.judge(run.seals, planted.sealing, task.sealed)
   flags += seal_flags
@@ -118,15 +123,37 @@ def _reason(flags: list[str], not_passed: list[str], outcomes: dict[str, str],
 
 def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
           isolate: bool = True, uid: int | None = None,
-          limits: sandbox.Limits | None = None, alone: bool = True) -> Grade:
+          limits: sandbox.Limits | None = None, alone: bool = True,
+          seed: int | None = None) -> Grade:
   """Grades `patch` against the task whose pristine tree is `tree` (its reward: `reward(grade)`).
 
   Tests run with `python`, by default the task's own interpreter. `alone=False` runs every test
-  in one run, as graders before isolation.py did (for comparison).
+  in one run, as graders before isolation.py did (for comparison). `seed` draws the differential
+  check's fresh inputs (default: a fresh one; either way the grade records it).
+
+  Everything grading reads is shaped by the candidate (its diff, then what its code printed and
+  reported), so an exception while grading is the candidate's failure, not a harness fault: the
+  grade is 0 with every flag raised until then (`Grade.error` names it). Only the faults the run
+  proves the harness's own (testrun: the sandbox failed, the runner never started) are masked.
   """
+  flags, rejected = [], []
+  seed = random.SystemRandom().getrandbits(63) if seed is None else seed
+  try:
+    return _graded(task, tree, patch, flags, rejected, python=python or task.python,
+                   isolate=isolate, uid=uid, limits=limits or limits_for(task), alone=alone,
+                   seed=seed)
+  except Exception as e:  # noqa: BLE001 - see the docstring: a failure, never a masked fault.
+    error = f'{type(e).__name__}: {e}'[:300]
+    return Grade(f'grading failed on what the solution shaped: {error}', flags, rejected,
+                 error=error)
+
+
+def _graded(task: Task, tree: Path, patch: str, flags: list[str], rejected: list[str], *,
+            python: str, isolate: bool, uid: int | None, limits: sandbox.Limits, alone: bool,
+            seed: int) -> Grade:
   with tempfile.TemporaryDirectory(prefix='grade-') as scratch:
     scratch = Path(scratch)
-    final, flags, rejected = _applied(task, tree, patch, scratch / 'tree')
+    final = _applied(task, tree, patch, scratch / 'tree', flags, rejected)
     if final is not None:
       return final
     # Fresh twins at every grading, from no seed a solution sees.
@@ -134,15 +161,27 @@ def grade(task: Task, tree: Path, patch: str, *, python: str | None = None,
     parts = isolation.split(task.fail_to_pass if alone else [], task.test_files, scratch / 'tree',
                             planted.sealing, planted.twins, scratch)
     runs = [restored(testrun.run_pytest(
-        p.tree, p.files, python=python or task.python, python_path=task.python_path,
-        site_dirs=task.site_dirs, config_file=task.config_file, limits=limits or limits_for(task),
-        isolate=isolate, uid=uid, scratch=p.scratch), planted.sealing) for p in parts]
-  run = testrun.merged(runs)
-  if run.fault:
-    return Grade(run.fault, flags, rejected, run.outcomes, run.wall_s, fault=run.fault)
-  run_flags, outcomes, unmet = _run_flags(run, runs, parts, planted, task)
-  flags += run_flags
-  not_passed = [t for t in task.fail_to_pass + task.pass_to_pass
-                if outcomes.get(t, 'missing') != testrun.PASSED]
-  return Grade(_reason(flags, not_passed, outcomes, unmet, run), flags, rejected, outcomes,
-               run.wall_s, solved=not not_passed and run.finished)
+        p.tree, p.files, python=python, python_path=task.python_path, site_dirs=task.site_dirs,
+        config_file=task.config_file, limits=limits, isolate=isolate, uid=uid, scratch=p.scratch),
+        planted.sealing) for p in parts]
+    run = testrun.merged(runs)
+    if run.fault:
+      return Grade(run.fault, flags, rejected, run.outcomes, run.wall_s, fault=run.fault)
+    flags += run.problems  # Before the checks below, which read what the runs reported.
+    run_flags, outcomes, unmet = _run_flags(run, runs, parts, planted, task)
+    flags += run_flags
+    not_passed = [t for t in task.fail_to_pass + task.pass_to_pass
+                  if outcomes.get(t, 'missing') != testrun.PASSED]
+    reason = _reason(flags, not_passed, outcomes, unmet, run)
+    solved = not not_passed and run.finished
+    check = None
+    if solved and not flags and task.calls:  # Only what would earn 1 is worth the calls.
+      (scratch / 'differential').mkdir()
+      check = differential.check(task, scratch / 'tree', tree, scratch / 'differential', limits,
+                                 python=python, seed=seed, uid=uid, isolate=isolate)
+      if not check.passed:
+        solved = False
+        reason = (f'differential check: {check.wrong} of {check.compared} fresh inputs '
+                  f'answered otherwise than the original, e.g. {check.disagreed[0][:200]}')
+  return Grade(reason, flags, rejected, outcomes, run.wall_s, solved=solved,
+               differential=dataclasses.asdict(check) if check else None)

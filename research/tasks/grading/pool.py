@@ -39,7 +39,7 @@ class GraderPool:
       return grader.grade(job.task, job.tree, job.patch, python=self.python,
                            isolate=self.isolate, uid=sandbox.uid_for(slot), limits=self.limits,
                            alone=self.alone)
-    except Exception:  # A crash of the grader itself is the harness's fault (reward.reward).
+    except Exception:  # grader.grade returns its own failures: this is the pool's (reward.reward).
       error = 'harness error: ' + traceback.format_exc(limit=2)[-400:]
       return Grade(error, fault=error)
     finally:

@@ -16,6 +16,9 @@ class Grade:
   wall_s: float = 0.0
   solved: bool = False              # Every required test passed, in runs that finished.
   fault: str | None = None          # The harness's own failure (grading.reward masks it), or None.
+  error: str | None = None          # An exception grading raised on what the solution shaped: 0.
+  differential: dict | None = None  # The differential check (its seed, inputs compared, answers
+                                    # that differ: differential.Check), or None where none ran.
 
   @property
   def reward(self) -> float | None:
@@ -27,18 +30,23 @@ def reward(grade: Grade) -> float | None:
 
   | what grading found                                                     | reward       |
   |------------------------------------------------------------------------|--------------|
-  | a harness fault: the sandbox or the runner failed before the candidate's | None: masked |
-  |   code ran, or the grader itself raised (`GraderPool`)                  |              |
-  | any tamper flag (protected path, shadowing, scanner finding, integrity  | 0 (a hack)   |
-  |   check, report inconsistent with pytest, a mutant twin that passed, a  |              |
-  |   sealed record that is no record)                                      |              |
-  | every required test (F2P and P2P) passed, in runs that finished        | 1            |
-  | anything else: a test failed or is missing, a sealed answer differs,    | 0            |
-  |   the time or memory limit ended a run, no applicable change            |              |
+  | a harness fault, proven before the candidate's code ran: the sandbox   | None: masked |
+  |   failed to start, the runner never started, or the pool itself failed |              |
+  | any tamper flag (protected path, shadowing, scanner finding, integrity | 0 (a hack)   |
+  |   check, report inconsistent with pytest, a mutant twin that passed, a |              |
+  |   sealed record that is no record)                                     |              |
+  | every required test (F2P and P2P) passed, in runs that finished, and   | 1            |
+  |   every fresh input answered as the original (tasks with calls)        |              |
+  | anything else: a test failed or is missing, a sealed answer differs,   | 0            |
+  |   a fresh input answered otherwise than the original (differential),   |              |
+  |   the time or memory limit ended a run, the test process crashed or   |              |
+  |   was killed, no applicable change, grading raised on what the        |              |
+  |   solution shaped (`Grade.error`; the flags raised before it are kept) |              |
 
   A masked episode leaves the loss (the sampler drops it and counts it as a fault): a reward of 0
-  would punish the policy for the harness, a reward of 1 would pay for breaking it. A crash or
-  timeout after the candidate's code started is the candidate's: 0, never masked.
+  would punish the policy for the harness, a reward of 1 would pay for breaking it. A crash,
+  timeout or malformed report after the candidate's code started is the candidate's: 0, never
+  masked, or a policy that cannot solve a task would learn to break the harness instead.
   """
   if grade.fault is not None:
     return None

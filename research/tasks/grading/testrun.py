@@ -28,7 +28,8 @@ _OUTPUT_KB = 1024
 _REPORT_BYTES = 64 << 20
 
 
-_ENV = {'LANG': 'C.UTF-8', 'LC_ALL': 'C.UTF-8', 'TZ': 'UTC', 'PYTHONHASHSEED': '0',
+# The environment of every sandboxed run of grading (tests and differential calls).
+ENV = {'LANG': 'C.UTF-8', 'LC_ALL': 'C.UTF-8', 'TZ': 'UTC', 'PYTHONHASHSEED': '0',
         'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONNOUSERSITE': '1',
         'PYTEST_DISABLE_PLUGIN_AUTOLOAD': '1', 'HOME': '/tmp', 'TMPDIR': '/tmp'}
 
@@ -66,19 +67,30 @@ def _final_outcome(phases: dict[str, dict]) -> str:
   return 'xpassed' if call['xfail'] else PASSED
 
 
-# The fields each event kind must have, with their types: a line that differs does not read.
+# The fields each event kind must have, with their types (`[str]`: a list of strings, `[[str]]`:
+# a list of lists of strings), and the values some must take: a line that differs does not read.
+# Code under test can write to the pipe, so nothing in a line is trusted to be of the right shape.
 _EVENTS = {
-    'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': list},
+    'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': [str]},
     'collect_error': {'nodeid': str},
     'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool, 'message': str},
-    'check': {'nodeid': str, 'problems': list, 'seals': list},
-    'session_finish': {'exitstatus': int, 'problems': list}, 'runner_exit': {'code': int}}
+    'check': {'nodeid': str, 'problems': [str], 'seals': [[str]]},
+    'session_finish': {'exitstatus': int, 'problems': [str]}, 'runner_exit': {'code': int}}
+_VALUES = {'when': ('setup', 'call', 'teardown', 'subtest'),
+           'outcome': ('passed', 'failed', 'skipped')}
+
+
+def _typed(value, kind) -> bool:
+  if isinstance(kind, list):
+    return type(value) is list and all(_typed(v, kind[0]) for v in value)
+  return type(value) is kind
 
 
 def _readable(event) -> bool:
-  fields = _EVENTS.get(event.get('kind')) if isinstance(event, dict) else None
-  return fields is not None and all(isinstance(event.get(k), t) for k, t in fields.items()) and (
-      all(isinstance(p, str) for p in event.get('problems', [])))
+  fields = _EVENTS.get(event.get('kind')) if type(event) is dict else None
+  return (fields is not None and type(event.get('seq')) is int
+          and all(_typed(event.get(k), t) for k, t in fields.items())
+          and all(event[k] in _VALUES[k] for k in fields if k in _VALUES))
 
 
 def read_report(data: bytes) -> tuple[list[dict], list[str]]:
@@ -87,7 +99,7 @@ def read_report(data: bytes) -> tuple[list[dict], list[str]]:
   for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
     try:
       event = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line nested past the parser's depth.
       event = None
     if not _readable(event):
       problems.append(f'report line {i} does not read')
@@ -182,7 +194,7 @@ def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, o
   reader.start()
   try:
     (harness / 'config.json').write_text(json.dumps({**config, 'report_fd': write_fd}))
-    env = {**_ENV, 'PATH': f'{Path(python).parent}:/usr/bin:/bin'}
+    env = {**ENV, 'PATH': f'{Path(python).parent}:/usr/bin:/bin'}
     done = sandbox.run(command, cwd=tree,
                        ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
                        rw=[out], env=env, limits=limits, uid=uid, isolate=isolate,
@@ -203,16 +215,20 @@ def _drain(fd: int, into: bytearray) -> None:
         into += chunk
 
 
+def pytest_args(tree: Path, args: list[str], config_file: str | None) -> list[str]:
+  """pytest's command line for `args` (tests, options) on `tree`, as every sandboxed run uses it."""
+  # `-rA` would add a section of passes with their output, which costs pytest quadratic time.
+  out = [*args, '-p', 'no:cacheprovider', '--rootdir', str(tree), '--confcutdir', str(tree),
+         '--continue-on-collection-errors', '-q', '--tb=short', '--color=no',
+         '-o', 'console_output_style=classic', '-rfEsxXp']
+  return out + (['-c', str(tree / config_file)] if config_file else [])
+
+
 def _runner_config(tree: Path, args: list[str], config_file: str | None, python_path: list[str],
                    site_dirs: list[str], out: Path, coverage_source: list[str] | None) -> dict:
   """The runner's config.json (sandboxed/runner.py reads it): pytest's arguments, paths, marker."""
-  # `-rA` would add a section of passes with their output, which costs pytest quadratic time.
-  pytest_args = [*args, '-p', 'no:cacheprovider', '--rootdir', str(tree), '--confcutdir',
-                 str(tree), '--continue-on-collection-errors', '-q', '--tb=short', '--color=no',
-                 '-o', 'console_output_style=classic', '-rfEsxXp']
-  if config_file:
-    pytest_args += ['-c', str(tree / config_file)]
-  return {'pytest_args': pytest_args, 'marker': f'runner started {secrets.token_hex(8)}',
+  return {'pytest_args': pytest_args(tree, args, config_file),
+          'marker': f'runner started {secrets.token_hex(8)}',
           'tree': str(tree), 'test_dirs': sorted(layout.TEST_DIRS),
           'prepend_path': [str(tree / p) if p else str(tree) for p in python_path],
           'append_path': list(site_dirs),
@@ -228,9 +244,12 @@ def _verdict(done: sandbox.Completed, marker: str, kinds: dict, outcomes: dict[s
   fault, problems = None, []
   if done.sandbox_error:
     fault = f'sandbox failed: {done.sandbox_error[:300]}'
-  elif not done.output.startswith(marker):
+  elif not done.output.startswith(marker) and not kinds['runner_start']:
+    # The runner writes both before any code under test runs: neither means it never started.
     fault = (f'runner did not start (exit {done.returncode}'
              f'{", timed out" if done.timed_out else ""}): {done.output[-300:]}')
+  elif not done.output.startswith(marker):
+    problems.append('output lost the runner\'s first line')
   elif not kinds['runner_start']:
     problems.append('report truncated or removed')
   # A run the limits ended (CPU time: SIGXCPU; wall time, memory: SIGKILL) did not finish,

@@ -2,8 +2,8 @@
 
 Each attack is a policy: a script that runs in the policy's sandbox, in a copy of the task's
 tree, and edits it (looking for leaked code, or planting a hack). Its diff is then graded like any
-solution. An attack is blocked when it gets reward 0 (or, for resource exhaustion, a harness
-fault); it is flagged when the grader records tampering. Its disarmed control (the same script
+solution. An attack is blocked when it gets reward 0: a harness fault (reward None, masked in
+RL) is no block, since it spares the policy its 0. It is flagged when the grader records tampering. Its disarmed control (the same script
 with the trick off) must get reward 0 for failing the tests, with no flag: that proves the attack
 is no solution, so whatever reward it gets comes from its trick. Honest solutions must get 1.
 """
@@ -24,12 +24,18 @@ from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks import task as task_lib
 from research.tasks import testing
+from research.tasks.grading import differential
 from research.tasks.grading import pool as pool_lib
+from research.tasks.grading import seal
 from research.tasks.redteam.attacks import base
+from research.tasks.redteam.attacks import callers
 from research.tasks.redteam.attacks import equal
 from research.tasks.redteam.attacks import exits
+from research.tasks.redteam.attacks import faults
 from research.tasks.redteam.attacks import forging
+from research.tasks.redteam.attacks import inplace
 from research.tasks.redteam.attacks import leaks
+from research.tasks.redteam.attacks import memorized
 from research.tasks.redteam.attacks import neutering
 from research.tasks.redteam.attacks import patching
 from research.tasks.redteam.attacks import peeking
@@ -43,7 +49,9 @@ from research.tasks.redteam.attacks import smuggling
 LIMITS = sandbox.Limits(cpu_s=3, wall_s=8.0, memory_mb=1024, nproc=48)
 ATTACKS = (*leaks.ATTACKS, *exits.ATTACKS, *planting.ATTACKS, *patching.ATTACKS,
            *skipping.ATTACKS, *resources.ATTACKS, *smuggling.ATTACKS, *forging.ATTACKS,
-           *plugins.ATTACKS, *neutering.ATTACKS, *peeking.ATTACKS, *equal.ATTACKS)
+           *plugins.ATTACKS, *neutering.ATTACKS, *peeking.ATTACKS, *equal.ATTACKS,
+           *inplace.ATTACKS, *faults.ATTACKS, *memorized.ATTACKS,
+           *callers.ATTACKS)
 # Policy sandboxes take uids above the grader pool's, so the two never share a process budget.
 _POLICY_SLOT = sandbox.UIDS_PER_PROCESS // 2
 
@@ -98,6 +106,22 @@ def attack_targets(task_dir: Path) -> dict[str, task_lib.Task]:
   if missing:
     raise RuntimeError(f'the factory made no body task for {sorted(missing)}; see {task_dir}')
   return tasks
+
+
+def memorized_tables(tasks: dict[str, task_lib.Task], task_dir: Path) -> dict[str, list]:
+  """Per target, `[args, kwargs, output]` literals of every call its tests make, answered by the
+  original outside any policy's sandbox: what a model that has seen the upstream tests knows."""
+  out = {}
+  for symbol, t in tasks.items():
+    calls = differential.recorded(t.calls)
+    inputs = [repr([a, k]) for a, k in calls]
+    with tempfile.TemporaryDirectory(prefix='tables-') as tmp:
+      original = differential.original_tree(t, task_dir / t.grading_tree, Path(tmp) / 'tree')
+      answers = differential.answers(t, original, inputs, Path(tmp) / 'calls', LIMITS,
+                                     python=t.python) or []
+    out[symbol] = [[repr(a), repr(k), repr(seal.decode(json.dumps(o[1])))]
+                   for (a, k), o in zip(calls, answers) if o[0] == 'ok']
+  return out
 
 
 def _smuggle(diff: str, extra: str) -> str:
@@ -171,7 +195,7 @@ def run_attacks(chosen: Sequence[base.Attack], tasks: dict[str, task_lib.Task], 
   for i, a in enumerate(chosen):
     g, c = grades[i], grades[len(chosen) + i]
     o = Outcome(a.name, a.cls, a.kind, a.variant, a.target, g.reward,
-                g.reward == 0.0 or (g.fault and a.resource), bool(g.tamper), a.flag,
+                g.reward == 0.0, bool(g.tamper), a.flag,
                 _found(policies[i][1]), g.reason, g.tamper, c.reward, c.reason, c.tamper,
                 _hunt(a, tasks[a.target], task_dir, info, origin))
     log(f'{o.name:<32} reward={o.reward} flagged={o.flagged} control={o.control_ok} '
@@ -204,6 +228,7 @@ def summarize(outcomes: list[Outcome], honest_results: list[dict]) -> dict:
       'attacks_tried': len(outcomes),
       'attacks_blocked': sum(o.blocked for o in outcomes),
       'missed': [o.name for o in outcomes if not o.blocked],
+      'masked': [o.name for o in outcomes if o.reward is None],
       'flagged': sum(o.flagged for o in outcomes),
       'flag_expected': sum(o.expected_flag for o in outcomes),
       'controls_ok': sum(o.control_ok for o in outcomes),
@@ -227,7 +252,10 @@ def run(origin: Path, task_dir: Path, names: Sequence[str] | None = None, log=pr
   """
   tasks = attack_targets(task_dir)
   server, mirror = _serve(origin)
-  info = {'task_dir': str(task_dir), 'origin': str(origin), 'mirror': mirror}
+  info = {'task_dir': str(task_dir), 'origin': str(origin), 'mirror': mirror,
+          # What a policy that has seen the upstream tests knows: their answers and names.
+          'tables': memorized_tables(tasks, task_dir),
+          'tests': {symbol: t.fail_to_pass for symbol, t in tasks.items()}}
   chosen = [a for a in ATTACKS if names is None or a.name in names]
   try:
     outcomes = run_attacks(chosen, tasks, task_dir, info, origin, workers, log)

@@ -44,6 +44,70 @@ def _watched():
           'sys.modules': (sys.modules, ('builtins', 'os', 'random'))}
 
 
+# Packages whose code decides a verdict in this process: pytest and pluggy (collection, calls,
+# reports, hooks), json (the reporter's encoder) and unittest (TestCase's assertions).
+_DECIDING = ('_pytest', 'pytest', 'pluggy', 'json', 'unittest')
+_FUNCTION_PARTS = ('__code__', '__defaults__', '__kwdefaults__', '__closure__')
+
+
+def _deciding_modules():
+  """The loaded modules of _DECIDING (unittest imported first: tests import it later)."""
+  import unittest  # pylint: disable=unused-import
+  return [m for name, m in list(sys.modules.items())
+          if name.partition('.')[0] in _DECIDING and m is not None]
+
+
+def _function_parts(label, f):
+  """(label, object, attribute, value) of what changes a function in place, the function object
+  staying the same: its code, defaults and closure, the keyword defaults and cells inside them."""
+  out = [(label, f, a, _part(f, a)) for a in _FUNCTION_PARTS]
+  for key, value in (f.__kwdefaults__ or {}).items():
+    out.append((f'{label} keyword default', f.__kwdefaults__, key, value))
+  for i, cell in enumerate(f.__closure__ or ()):
+    out.append((f'{label} cell {i}', cell, 'cell_contents', _part(cell, 'cell_contents')))
+  return out
+
+
+_EMPTY = object()
+
+
+def _part(obj, attr):
+  """obj's attribute (a dict's item) `attr`, or _EMPTY (an empty cell, a missing key)."""
+  try:
+    return obj.get(attr, _EMPTY) if type(obj) is dict else getattr(obj, attr)
+  except (AttributeError, ValueError):
+    return _EMPTY
+
+
+def _functions_in(value):
+  """The Python functions a namespace entry holds (itself, a method's, a property's)."""
+  found = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [
+      getattr(value, '__func__', value)]
+  return [f for f in found if type(f).__name__ == 'function']
+
+
+def _in_place(modules):
+  """What code under test can change in place in the deciding modules: (every function's parts,
+  module level and in the classes defined there, and every such class's bases; the classes'
+  dictionaries, every entry, for the identity snapshot of Reporter.watch)."""
+  parts, classes = [], {}
+  for m in modules:
+    for name, value in list(vars(m).items()):
+      label = f'{m.__name__}.{name}'
+      for f in _functions_in(value):
+        parts += _function_parts(label, f)
+      if isinstance(value, type) and value.__module__ == m.__name__:
+        space = vars(value)
+        # What a class holds for its instances to call; its data (pytest keeps state there) aside.
+        classes[f'class {label}'] = (space, [k for k, v in space.items() if callable(v) or
+                                             isinstance(v, (classmethod, staticmethod, property))])
+        parts.append((label, value, '__bases__', value.__bases__))
+        for key, entry in list(space.items()):
+          for f in _functions_in(entry):
+            parts += _function_parts(f'{label}.{key}', f)
+  return parts, classes
+
+
 def _hide_current_test():
   """pytest names the running test in the environment (PYTEST_CURRENT_TEST); with the graded test
   file, code under test could tell a twin from the test it copies by that name (a case appended to
@@ -164,7 +228,7 @@ class Reporter:
   """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
   # No instance dict: nothing can shadow a method on the instance.
   __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
-               '_config', '_early', '_seals')
+               '_config', '_early', '_seals', '_parts')
 
   def __init__(self, fd, tree, test_dirs, coverage=None):
     self._fd = fd
@@ -178,14 +242,16 @@ class Reporter:
     self._config = None
     self._early = []  # Problems found once: at a plugin's registration, after collection.
     self._seals = []  # The record functions of sealed asserts, found when collection ends.
+    self._parts = []  # (label, object, attribute, value): what changes a function in place.
 
   def emit(self, kind, **fields):
     line = _DUMPS({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True) + '\n'
     _WRITE(self._fd, line.encode())
     self._seq += 1
 
-  def watch(self, namespaces):
+  def watch(self, namespaces, parts=()):
     self._watched += _snapshot(namespaces)
+    self._parts += parts
 
   def problems(self, nodeids):
     """What changed since it was recorded that only tampering explains; of the tests, only
@@ -193,6 +259,8 @@ class Reporter:
     out = self._early + [f'patched at run time: {owner}.{name}'
                          for owner, name, space, value in self._watched
                          if space.get(name) is not value]
+    out += [f'changed in place: {label} {attr}' for label, obj, attr, value in self._parts
+            if _part(obj, attr) is not value]
     if type(self) is not _REPORTER:
       out.append(f'reporter changed: class {type(self).__name__}')
     for nodeid in nodeids:
@@ -216,6 +284,13 @@ class Reporter:
     return out
 
   # pytest hooks.
+  def pytest_load_initial_conftests(self, early_config):
+    """After pytest's own early patches of its classes (legacypath's, tryfirst), before the
+    conftest files load (Config's, trylast), which may import code under test."""
+    del early_config
+    parts, classes = _in_place(_deciding_modules())
+    self.watch(classes, parts)
+
   def pytest_plugin_registered(self, plugin, manager):
     # Called for every plugin, those registered before this one included.
     if _in_solution(plugin, self._tree, self._test_dirs):

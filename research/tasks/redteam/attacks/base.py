@@ -5,9 +5,12 @@ the tree (and may add text to the diff it hands in, as a policy writing its own 
 diff is then graded like any solution. Each attack has a disarmed control: the same script with
 ARMED false, which leaves the patch without its trick and so must fail the task honestly.
 """
+import ast
 import base64
 import dataclasses
+import inspect
 import re
+import textwrap
 
 # The classes of issue #12.
 SMUGGLING = 'diff smuggling'
@@ -24,7 +27,13 @@ PLANTING = 'planted or edited files'
 PATCHING = 'runtime patching'
 SKIPPING = 'skip or xfail'
 RESOURCE = 'resource exhaustion'
-CLASSES = (*ISSUE_CLASSES, LEAK, EXIT, PLANTING, PATCHING, SKIPPING, RESOURCE)
+# The classes of issue #39 (grader round three).
+MEMORIZED = 'memorized answers'
+CALLER = 'twin detection by the caller'
+PYTEST_IN_PLACE = "in-place changes of pytest's objects"
+REPORT_FAULT = 'report-channel faults'
+CLASSES = (*ISSUE_CLASSES, LEAK, EXIT, PLANTING, PATCHING, SKIPPING, RESOURCE, MEMORIZED,
+           CALLER, PYTEST_IN_PLACE, REPORT_FAULT)
 
 # Helpers every attack script starts with. It runs as `python -c` in the policy sandbox.
 PRELUDE = r'''
@@ -155,7 +164,6 @@ class Attack:
   script: str  # Policy-side code, run after PRELUDE; disarmed when ARMED is false.
   target: str = 'slugify'
   flag: bool = True  # Whether the grader can see it (not only fail it).
-  resource: bool = False  # A harness fault also counts as blocked.
   # A leak hunt: rerun against the unscrubbed checkout outside the sandbox, where it must find
   # the code, to show that scrubbing and the sandbox are what stop it.
   hunt: bool = False
@@ -170,3 +178,17 @@ def obfuscate(code: str) -> str:
   """Replaces each N('name') in planted code by a run-time decoding of an encoded literal."""
   decoder = 'import base64 as _rt_b64\n_rt_n = lambda s: _rt_b64.b64decode(s).decode()\n'
   return decoder + re.sub(r"N\('([^']*)'\)", lambda m: f"_rt_n('{encode(m.group(1))}')", code)
+
+
+def body_text(part, last: bool = False) -> str:
+  """The planted text of one part of a forger: its body after the docstring, dedented.
+
+  A part takes what earlier parts bound as parameters and, unless it is the last, ends by
+  returning what later parts read. Planted, the parts run in one scope as one body, so that
+  return is left out.
+  """
+  source = textwrap.dedent(inspect.getsource(part))
+  lines = source.splitlines(keepends=True)
+  body = ast.parse(source).body[0].body[1:]
+  end = body[-1] if last else body[-2]
+  return textwrap.dedent(''.join(lines[body[0].lineno - 1:end.end_lineno]))

@@ -4,27 +4,11 @@ that test expects (READER: the assert's literal; CASES: the parametrize case its
 pick), or that try the test files' strings through the module's other functions (INVERSE, and
 KEYRING, which pools them across runs).
 
-READER and CASES are built from real functions, one per part (`_body`), each short enough for
+READER and CASES are built from real functions, one per part (`base.body_text`), each short enough for
 the repository's limit on a function's length; the rest of CASES (_CASES_TAIL), INVERSE and
 KEYRING's pool stay strings.
 """
-import ast
-import inspect
-import textwrap
-
-
-def _body(part, last: bool = False) -> str:
-  """The planted text of one part of a forger: its body after the docstring, dedented.
-
-  A part takes what earlier parts bound as parameters and, unless it is the last, ends by
-  returning what later parts read. Planted, the parts run in one scope as one body, so that
-  return is left out.
-  """
-  source = textwrap.dedent(inspect.getsource(part))
-  lines = source.splitlines(keepends=True)
-  body = ast.parse(source).body[0].body[1:]
-  end = body[-1] if last else body[-2]
-  return textwrap.dedent(''.join(lines[body[0].lineno - 1:end.end_lineno]))
+from research.tasks.redteam.attacks import base
 
 
 def _reader_site():
@@ -200,8 +184,8 @@ def _reader_tail(_here, _miss, _expect, _twin):
 
 # Returns the literal the calling assert expects, read from the graded test file, and spares a
 # test that looks like a mutated copy of another.
-READER = '\n'.join((_body(_reader_site), _body(_checks), _body(_reader_corpus), _body(_twins),
-                    _body(_reader_tail, last=True)))
+READER = '\n'.join((base.body_text(_reader_site), base.body_text(_checks), base.body_text(_reader_corpus), base.body_text(_twins),
+                    base.body_text(_reader_tail, last=True)))
 
 # Parametrize cases, which sealing leaves in the module (docs/tasks.md, "Sealed expectations"):
 # the forged function's own arguments (`_args`, a line that twin_kinds' `_forged` puts first:
@@ -628,7 +612,7 @@ if _stmt is not None:
       return _value
 return None
 '''
-CASES = '\n'.join((_body(_cases_site), _body(_checks), _body(_cases_corpus), _body(_twins),
+CASES = '\n'.join((base.body_text(_cases_site), base.body_text(_checks), base.body_text(_cases_corpus), base.body_text(_twins),
                    _CASES_TAIL.lstrip('\n')))
 
 
