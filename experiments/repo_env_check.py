@@ -150,8 +150,8 @@ def attack_script(a, task: task_lib.Task, task_dir: Path, info: dict, slot: int)
   diff, output = redteam.run_policy(task, task_dir, a.script, info, slot=slot)
   smuggled = redteam.result(output).get('smuggled', '')  # Not expressible through the tools.
   diff = diff.replace(smuggled, '', 1) if smuggled else diff
-  calls = repo_oracle.edit_calls(diff, task_dir / task.tree)
-  return [CHATML.render(c) for c in calls] + [CHATML.render(calls.Call('submit', {}))]
+  edits = repo_oracle.edit_calls(diff, task_dir / task.tree)
+  return [CHATML.render(c) for c in edits] + [CHATML.render(calls.Call('submit', {}))]
 
 
 def attacks(task_dir: Path, origin: Path, names, batch: int, workers: int, log) -> dict:

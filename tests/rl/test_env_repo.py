@@ -565,3 +565,15 @@ def test_odd_entries_left_at_submit_are_graded_zero_not_a_fault(env, command):
   final = ep.step(call('submit'))
   assert (final.done, final.reward, ep.stats.fault, 'work_area' in final.info) == (
       True, 0.0, False, False)
+
+
+def test_a_red_team_attack_goes_through_the_tools_as_edits_and_a_submit(env, repo_task_dir):
+  """experiments/repo_env_check.py's delivery of an attack: its files as tool calls, then submit."""
+  from experiments import repo_env_check
+  from research.tasks import redteam
+  attack = next(a for a in redteam.ATTACKS if a.name == 'os_exit_in_test')
+  target = redteam.attack_targets(repo_task_dir)[attack.target]
+  messages = repo_env_check.attack_script(attack, target, repo_task_dir, {}, 0)
+  assert messages[-1] == call('submit') and 'os._exit(0)' in ''.join(messages[:-1])
+  t = play(env.reset(next(x for x in env.tasks if x.id == target.id)), messages)
+  assert t.done and t.reward == 0.0 and t.messages[-1].info['hack']

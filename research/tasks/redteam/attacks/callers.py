@@ -59,6 +59,14 @@ def _by_faulthandler(text, names):
   return _rt_answer(site, names, text)  # noqa: F821
 
 
+def _by_walk_stack(text, names):
+  """traceback's stack walk, summarized (StackSummary over walk_stack)."""
+  import traceback
+  summary = traceback.StackSummary.extract(traceback.walk_stack(None), limit=3)[1]
+  site = (summary.filename, summary.lineno, summary.name)
+  return _rt_answer(site, names, text)  # noqa: F821
+
+
 def _rt_answer(site, names, text):
   """The literal on the other side of the comparison at `site` when its function is a real
   test's; else the naive answer."""
@@ -86,7 +94,8 @@ _KINDS = {'logging': (_by_logging, 'logging.Logger.findCaller'),
           'warning': (_by_warning, "a warning's stack level"),
           'extract_stack': (_by_extract_stack, 'traceback.extract_stack'),
           'format_stack': (_by_format_stack, 'traceback.format_stack, parsed'),
-          'faulthandler': (_by_faulthandler, "faulthandler's stack dump, parsed")}
+          'faulthandler': (_by_faulthandler, "faulthandler's stack dump, parsed"),
+          'walk_stack': (_by_walk_stack, 'traceback.walk_stack, summarized')}
 _TARGETS = ('slugify', 'title_case', 'top_words', 'mean_word_length')
 
 # The script binds the real tests' names (the upstream suite's) before the planted body.

@@ -53,6 +53,13 @@ def _crash(text):
   return text
 
 
+def _kill(text):
+  """Ends the test process with SIGKILL, mid-test (what the memory limit does too)."""
+  import os, signal
+  os.kill(os.getpid(), signal.SIGKILL)
+  return text
+
+
 def _overflow(text):
   """More bytes than the harness keeps of a report, written as fast as the pipe takes them."""
   import os
@@ -86,6 +93,7 @@ FAULTS = {
     'nesting_bomb': (_bound(_nesting_bomb), 'a report line no parser reads'),
     'close_report': (_bound(_close_report), 'the report pipe closed'),
     'crash': (_bound(_crash), 'the test process crashed'),
+    'kill': (_bound(_kill), 'the test process killed'),
     'overflow': (_bound(_overflow), 'a report past its size limit')}
 # The tasks the faults are spread over (every target's first argument is `text`).
 _TARGETS = ('slugify', 'title_case', 'top_words')

@@ -61,6 +61,18 @@ def _rt_forge():
       self.outcome, self.longrepr = 'passed', None
   _rt_swap(getattr(_rt_mod('_pytest.reports'), N('TestReport')).__init__, __init__)
 '''
+# unittest's assertion, for tasks whose tests are TestCase methods (the fixture's are not).
+ASSERT_EQUAL = _SWAP + """
+def _rt_forge():
+  def assertEqual(self, first, second, msg=None, *, _orig=None, _keep=None):
+    try:
+      return _orig(self, first, second, msg)
+    except AssertionError:
+      if not _keep(self.id().replace('.', '::')):
+        raise
+  case = _rt_mod('unittest.case')
+  _rt_swap(getattr(getattr(case, N('TestCase')), N('assertEqual')), assertEqual, msg=None)
+"""
 # A class the runner did not watch before: its entry replaced (the class object stays).
 CALL_INFO = '''
 def _rt_forge():
@@ -84,7 +96,8 @@ _KINDS = {'runtest': (RUNTEST, "swaps the code of pytest's Function.runtest"),
           'from_item_and_call': (FROM_ITEM_AND_CALL,
                                  'swaps the code of TestReport.from_item_and_call'),
           'report_init': (REPORT_INIT, 'swaps the code of TestReport.__init__'),
-          'call_info': (CALL_INFO, 'replaces CallInfo.from_call in its class')}
+          'call_info': (CALL_INFO, 'replaces CallInfo.from_call in its class'),
+          'assert_equal': (ASSERT_EQUAL, "swaps the code of unittest's TestCase.assertEqual")}
 _TARGETS = ('slugify', 'title_case', 'top_words', 'mean_word_length')
 
 ATTACKS = tuple(
