@@ -8,6 +8,7 @@ import random
 import pytest
 
 from research.tasks import patch as patch_lib
+from research.tasks import redteam
 from research.tasks import task as task_lib
 from research.tasks.grading import differential
 from research.tasks.grading import grader
@@ -120,3 +121,12 @@ def test_the_same_seed_draws_the_same_inputs(fixture_tasks):
   grades = [grader.grade(t, task_dir / t.grading_tree, reference, seed=11) for _ in range(2)]
   assert grades[0].differential == grades[1].differential
   assert collections.Counter(g.reward for g in grades) == {1.0: 2}
+
+
+def test_the_red_team_s_tables_are_the_original_s_answers(fixture_tasks):
+  _, task_dir, _ = fixture_tasks
+  t = _task(task_dir, 'slugify')
+  tables = redteam.memorized_tables({'slugify': t, 'none': dataclasses.replace(
+      t, calls=[], original=None)}, task_dir)
+  assert tables['none'] == []  # A task without calls (a method's) has nothing to memorize.
+  assert ["['Hello World']", "{'sep': '_'}", "'hello_world'"] in tables['slugify']

@@ -113,6 +113,9 @@ def memorized_tables(tasks: dict[str, task_lib.Task], task_dir: Path) -> dict[st
   original outside any policy's sandbox: what a model that has seen the upstream tests knows."""
   out = {}
   for symbol, t in tasks.items():
+    if not t.calls:  # No differential check: nothing recorded to memorize either.
+      out[symbol] = []
+      continue
     calls = differential.recorded(t.calls)
     inputs = [repr([a, k]) for a, k in calls]
     with tempfile.TemporaryDirectory(prefix='tables-') as tmp:
