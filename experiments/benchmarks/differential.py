@@ -1,15 +1,15 @@
 """Differential checks on real libraries: which tasks can use them, and whether their verdicts hold.
 
 python -m experiments.benchmarks.differential --json=FILE [--sdists=inflection==0.5.1,...]
-    [--max_tasks=8] [--gradings=20] [--workers=2]
+    [--max_tasks=8] [--gradings=20] [--workers=2] [--memorized=memorized_bound,...]
 
 Makes the fixture's tasks and up to --max_tasks tasks of each sdist (`pip download` into
 --sdist_cache), then per repository: tasks kept, tasks with recorded calls (and why the others
 have none), and on each task with calls the honest original graded --gradings times, each with
 fresh inputs (every grading must give 1: no flaky verdict), and the red team's memorized-table
-bodies (research/tasks/redteam/attacks/memorized.py, with the table the original answers for
-the task's recorded calls) on its body tasks, graded with the check (must give 0) and without it
-(`calls=[]`: what the check is worth).
+bodies (research/tasks/redteam/attacks/memorized.py, --memorized of them, with the table the
+original answers for the task's recorded calls) on its body tasks, graded with the check (must
+give 0) and without it (`calls=[]`: what the check is worth).
 """
 import collections
 import dataclasses
@@ -35,6 +35,8 @@ _SDIST_CACHE = flags.DEFINE_string('sdist_cache', str(Path.home() / '.cache/redt
 _MAX_TASKS = flags.DEFINE_integer('max_tasks', 8, 'Tasks made from each sdist at most.')
 _GRADINGS = flags.DEFINE_integer('gradings', 20, 'Gradings of each honest original.')
 _WORKERS = flags.DEFINE_integer('workers', 2, 'Graders in parallel.')
+_MEMORIZED = flags.DEFINE_list('memorized', ['memorized_bound', 'memorized_nearest'],
+                               'The memorized-table attacks tried on each body task.')
 
 
 def _memorized(task_dir: Path, tasks: list[task_lib.Task], workers: int) -> list[dict]:
@@ -43,7 +45,7 @@ def _memorized(task_dir: Path, tasks: list[task_lib.Task], workers: int) -> list
   rows, jobs = [], []
   for t in body:
     info = {'tables': redteam.memorized_tables({t.symbol: t}, task_dir)}
-    for a in memorized.ATTACKS:
+    for a in [a for a in memorized.ATTACKS if a.name in _MEMORIZED.value]:
       diff, _ = redteam.run_policy(t, task_dir, a.script, info)
       tree = task_dir / t.grading_tree
       jobs += [pool_lib.Job(t, tree, diff), pool_lib.Job(dataclasses.replace(t, calls=[]), tree, diff)]
