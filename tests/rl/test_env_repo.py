@@ -391,11 +391,12 @@ def test_metrics_over_a_batch():
                                  tests_run_before_submit=True),
            env_repo.EpisodeStats(turns=2, tool_calls={'run': 1}, bad_calls=1, hacked=True,
                                  env_seconds=0.5),
-           env_repo.EpisodeStats(turns=0, fault=True)]
+           env_repo.EpisodeStats(turns=0, fault=True), env_repo.EpisodeStats(grader_error=True)]
   m = env_repo.metrics(stats)
-  assert m['hack_rate'] == m['fault_rate'] == m['tests_run_before_submit'] == pytest.approx(1 / 3)
-  assert (m['env_seconds'], m['turns'], m['bad_calls']) == (2.0, 2.0, pytest.approx(1 / 3))
-  assert m['tool_calls/view'] == pytest.approx(2 / 3) and m['tool_calls/run'] == pytest.approx(1 / 3)
+  assert m['hack_rate'] == m['fault_rate'] == m['tests_run_before_submit'] == pytest.approx(1 / 4)
+  assert m['grader_error_rate'] == pytest.approx(1 / 4)
+  assert (m['env_seconds'], m['turns'], m['bad_calls']) == (2.0, 1.5, pytest.approx(1 / 4))
+  assert m['tool_calls/view'] == pytest.approx(2 / 4) and m['tool_calls/run'] == pytest.approx(1 / 4)
   assert m['tool_calls/create'] == 0.0
 
 

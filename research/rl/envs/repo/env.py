@@ -78,6 +78,9 @@ class EpisodeStats:
   last_test: int = 0                # Turn of the last `run` that invoked pytest (0: none).
   tests_run_before_submit: bool = False
   hacked: bool = False
+  # Grading raised on what the solution shaped (Grade.error): reward 0, not masked; a rate above
+  # zero may also be a harness bug, which this makes visible.
+  grader_error: bool = False
   fault: bool = False
   ended_by: str = ''                # submit, turns, or the loop's close reason.
   grade_reason: str = ''
@@ -89,6 +92,7 @@ def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
   """A batch's per-step metrics: rates and means per episode (tool calls by tool), env_seconds summed."""
   n = max(len(stats), 1)
   out = {'hack_rate': sum(s.hacked for s in stats) / n, 'fault_rate': sum(s.fault for s in stats) / n,
+         'grader_error_rate': sum(s.grader_error for s in stats) / n,
          'env_seconds': sum(s.env_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
          'tests_run_before_submit': sum(s.tests_run_before_submit for s in stats) / n,
          'bad_calls': sum(s.bad_calls for s in stats) / n,
@@ -364,6 +368,7 @@ class Episode:
     if reward is None:
       raise EnvFault(f'grader: {grade.reason}')
     st.hacked = bool(grade.tamper)
+    st.grader_error = grade.error is not None
     info.update(hack=st.hacked, grade=grade.reason, tamper=list(grade.tamper))
     self.final = Step(None, True, reward, reward == 1.0, info)
     return self.final
