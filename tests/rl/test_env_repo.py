@@ -7,6 +7,7 @@ critic fires on its trigger and none on the oracle's trajectories; the sampler d
 """
 from concurrent import futures
 import dataclasses
+import json
 import os
 from pathlib import Path
 import shlex
@@ -569,12 +570,20 @@ def test_odd_entries_left_at_submit_are_graded_zero_not_a_fault(env, command):
 
 
 def test_a_red_team_attack_goes_through_the_tools_as_edits_and_a_submit(env, repo_task_dir):
-  """experiments/repo_env_check.py's delivery of an attack: its files as tool calls, then submit."""
-  from experiments import repo_env_check
+  """experiments/repo_env_check.py's delivery of an attack: its files as tool calls, then submit.
+  In a process of its own: the script defines absl flags that other experiments define too."""
   from research.tasks import redteam
   attack = next(a for a in redteam.ATTACKS if a.name == 'os_exit_in_test')
   target = redteam.attack_targets(repo_task_dir)[attack.target]
-  messages = repo_env_check.attack_script(attack, target, repo_task_dir, {}, 0)
+  code = ('import json, sys\nfrom pathlib import Path\nfrom experiments import repo_env_check\n'
+          'from research.tasks import redteam\n'
+          f'd = Path({str(repo_task_dir)!r})\n'
+          f'a = next(a for a in redteam.ATTACKS if a.name == {attack.name!r})\n'
+          'print(json.dumps(repo_env_check.attack_script(a, redteam.attack_targets(d)[a.target], '
+          'd, {}, 0)))\n')
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                        cwd=Path(__file__).parents[2])
+  messages = json.loads(done.stdout.splitlines()[-1])
   assert messages[-1] == call('submit') and 'os._exit(0)' in ''.join(messages[:-1])
   t = play(env.reset(next(x for x in env.tasks if x.id == target.id)), messages)
   assert t.done and t.reward == 0.0 and t.messages[-1].info['hack']
