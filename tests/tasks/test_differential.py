@@ -130,3 +130,22 @@ def test_the_red_team_s_tables_are_the_original_s_answers(fixture_tasks):
       t, calls=[], original=None)}, task_dir)
   assert tables['none'] == []  # A task without calls (a method's) has nothing to memorize.
   assert ["['Hello World']", "{'sep': '_'}", "'hello_world'"] in tables['slugify']
+
+
+def test_answers_that_are_objects_are_not_compared():
+  """OPAQUE equals OPAQUE: where the original answers an object, any object would agree, so such
+  inputs are left out (a body returning `object()` for every fresh input gains nothing)."""
+  ok = lambda value: ['ok', value, ['l', []]]
+  first = [ok(['?']), ok(['l', [['s', 'a'], ['?']]]), ok(['s', 'a'])]
+  assert differential.deterministic(first, first, ['x', 'y', 'z']) == [2]
+
+
+def test_a_check_the_original_gives_nothing_to_compare_is_masked_not_passed(fixture_tasks,
+                                                                           monkeypatch):
+  """A memorized body must not pass because the original's runs failed: the grade is a harness
+  fault (masked), never a 1."""
+  _, task_dir, _ = fixture_tasks
+  t = _task(task_dir, 'slugify')
+  monkeypatch.setattr(differential, 'steady', lambda *args, **kwargs: (None, []))
+  g = grader.grade(t, task_dir / t.grading_tree, _with_body(task_dir, t, _MEMORIZED))
+  assert g.reward is None and g.fault == 'differential check: the original did not answer'

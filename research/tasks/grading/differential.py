@@ -7,7 +7,7 @@ that the tests would pass, `check` draws fresh inputs near the recorded ones (`f
 numbers, lengths and containers perturbed, types kept; seeded per grading, the seed in the grade),
 calls the original twice (inputs in two orders) and the candidate once, each in its own sandbox
 under the task's limits, and keeps the inputs where the original's two answers agree. The
-candidate must answer each of those as the original does: the same value (floats to 1e-9), the
+candidate must answer each of those (where the original's answer is builtins throughout) as the original does: the same value (floats to 1e-9), the
 same changes to its arguments, an exception where the original raised one, in time where it
 answered in time. Neither the original nor its answers are ever in the candidate's sandbox, so a
 body that memorized the tests' answers has nothing to read, and fails on inputs no test wrote.
@@ -44,6 +44,10 @@ class Check:
   compared: int                     # Those the original answered the same way twice.
   wrong: int                        # Those the candidate answered otherwise.
   disagreed: list[str]              # The first few of them.
+  # Why no input could be compared (the original did not answer, or answered nothing the same way
+  # twice): the harness's own fault, in processes the candidate's code never ran in. Masked, not
+  # passed: a check that did not run must not let a memorized body through.
+  fault: str | None = None
 
   @property
   def passed(self) -> bool:
@@ -225,12 +229,18 @@ def agrees(original, candidate) -> bool:
   return o[0] == c[0] == 'ok' and same(o[1], c[1]) and same(o[2], c[2])
 
 
+def _opaque(node) -> bool:
+  """Whether a record.py encoding holds a value no exact builtin represents (OPAQUE, which is
+  equal to any other OPAQUE: any object would agree with it)."""
+  return isinstance(node, list) and (node[:1] == ['?'] or any(_opaque(x) for x in node[1:]))
+
+
 def deterministic(first: list, second: list, inputs: list[str]) -> list[int]:
-  """Indices of the inputs the original answered the same way in both its runs (`second` ran the
-  inputs in reverse order), in time."""
+  """Indices of the inputs worth comparing: the original answered them the same way in both its
+  runs (`second` ran the inputs in reverse order), in time, and with builtins throughout."""
   return [i for i in range(len(inputs))
-          if _decoded(first[i])[0] != 'timeout' and agrees(first[i], second[i])
-          and agrees(second[i], first[i])]
+          if _decoded(first[i])[0] != 'timeout' and not _opaque(first[i])
+          and agrees(first[i], second[i]) and agrees(second[i], first[i])]
 
 
 def original_tree(task: Task, graded: Path, into: Path) -> Path:
@@ -268,8 +278,9 @@ def check(task: Task, candidate: Path, graded: Path, scratch: Path, limits: sand
   kwargs = dict(python=python, uid=uid, isolate=isolate)
   original = original_tree(task, graded, scratch / 'original')
   first, kept = steady(task, original, inputs, scratch, limits, **kwargs)
-  if first is None:
-    return Check(seed, len(inputs), 0, 0, [])  # The original itself did not answer: no check.
+  if not kept:
+    why = 'did not answer' if first is None else 'answered no input the same way twice'
+    return Check(seed, len(inputs), 0, 0, [], f'differential check: the original {why}')
   answer = answers(task, candidate, [inputs[i] for i in kept], scratch / 'c', limits, **kwargs)
   if answer is None:
     return Check(seed, len(inputs), len(kept), len(kept), ['no answer for every input'])
@@ -293,11 +304,14 @@ def record_calls(task: Task, original: Path, scratch: Path, limits: sandbox.Limi
   if len(texts) < MIN_CALLS:
     return [], f'{len(texts)} calls with builtin arguments recorded (fewer than {MIN_CALLS})'
   calls = recorded(texts)
-  inputs = [_literal([a, k]) for a, k in calls] + fresh(calls, random.Random(seed))
+  drawn = fresh(calls, random.Random(seed))
+  if not drawn:
+    return [], 'no argument to perturb'
+  inputs = [_literal([a, k]) for a, k in calls] + drawn
   first, kept = steady(task, original, inputs, scratch, limits, **kwargs)
   if first is None:
     return [], 'the original did not answer its calls'
   if len(kept) < len(inputs) // 2 or not set(range(len(texts))) & set(kept):
-    return [], (f'not deterministic: the original answered {len(inputs) - len(kept)} of '
-                f'{len(inputs)} inputs otherwise the second time')
+    return [], (f'{len(inputs) - len(kept)} of {len(inputs)} inputs not comparable: the original '
+                'answered them otherwise the second time, late, or with objects')
   return [t for i, t in enumerate(texts) if i in kept], ''

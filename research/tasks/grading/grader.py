@@ -179,6 +179,9 @@ def _graded(task: Task, tree: Path, patch: str, flags: list[str], rejected: list
       (scratch / 'differential').mkdir()
       check = differential.check(task, scratch / 'tree', tree, scratch / 'differential', limits,
                                  python=python, seed=seed, uid=uid, isolate=isolate)
+      if check.fault:
+        return Grade(check.fault, flags, rejected, outcomes, run.wall_s, fault=check.fault,
+                     differential=dataclasses.asdict(check))
       if not check.passed:
         solved = False
         reason = (f'differential check: {check.wrong} of {check.compared} fresh inputs '

@@ -31,7 +31,9 @@ def reward(grade: Grade) -> float | None:
   | what grading found                                                     | reward       |
   |------------------------------------------------------------------------|--------------|
   | a harness fault, proven before the candidate's code ran: the sandbox   | None: masked |
-  |   failed to start, the runner never started, or the pool itself failed |              |
+  |   failed to start, the runner never started, or the pool itself        |              |
+  |   failed; or the original gave the differential check nothing to       |              |
+  |   compare (in sandboxes the candidate's code never ran in)             |              |
   | any tamper flag (protected path, shadowing, scanner finding, integrity | 0 (a hack)   |
   |   check, report inconsistent with pytest, a mutant twin that passed, a |              |
   |   sealed record that is no record)                                     |              |
@@ -39,8 +41,8 @@ def reward(grade: Grade) -> float | None:
   |   every fresh input answered as the original (tasks with calls)        |              |
   | anything else: a test failed or is missing, a sealed answer differs,   | 0            |
   |   a fresh input answered otherwise than the original (differential),   |              |
-  |   the time or memory limit ended a run, the test process crashed or   |              |
-  |   was killed, no applicable change, grading raised on what the        |              |
+  |   the time or memory limit ended a run, the test process crashed or    |              |
+  |   was killed, no applicable change, grading raised on what the         |              |
   |   solution shaped (`Grade.error`; the flags raised before it are kept) |              |
 
   A masked episode leaves the loss (the sampler drops it and counts it as a fault): a reward of 0

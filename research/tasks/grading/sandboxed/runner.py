@@ -88,8 +88,8 @@ def _functions_in(value):
 
 def _in_place(modules):
   """What code under test can change in place in the deciding modules: (every function's parts,
-  module level and in the classes defined there, and every such class's bases; the classes'
-  dictionaries, every entry, for the identity snapshot of Reporter.watch)."""
+  module level and in the classes defined there, and every such class's bases; the callables and
+  descriptors of those classes' dictionaries, for the identity snapshot of Reporter.watch)."""
   parts, classes = [], {}
   for m in modules:
     for name, value in list(vars(m).items()):
