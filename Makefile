@@ -4,7 +4,6 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 XM_STAMP := $(VENV)/.installed-xm
-export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
 .PHONY: test demo demo-repo install sysdeps clean bazel-test gpu-aot
 
@@ -27,6 +26,9 @@ $(XM_STAMP): $(STAMP) requirements-xm.lock
 	$(VPY) -m pip install -q -r requirements.lock -r requirements-xm.lock
 	touch $(XM_STAMP)
 
+# Only the tests simulate 8 devices (tests/conftest.py also sets it); a run simulates what its mesh
+# needs (launch/processes.py), one device by default.
+test: export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 test: $(STAMP) $(XM_STAMP) sysdeps
 	$(VPY) -m pytest -n 2 --dist loadfile tests
 

@@ -9,7 +9,9 @@ Tasks: the fixture repository's, tests visible (made once under the workdir; `--
 a task file of launch.make_tasks for others); RL trains on the `train` split (a quarter is held
 out, experiments/repo_rl_table.py evaluates it). Drift: RL's environment renames `view` to `open`
 (the warm start's demonstrations use `view`; its hinted variants teach following a reminder that
-lists renamed tools). Contexts of 4096 tokens (bytes, the call syntax's words as single tokens).
+lists renamed tools). Tokens: the repo env's code BPE (research/rl/envs/repo/code_tokenizer/, 1,536
+ids, the call syntax's words one id each; the oracle's episodes take 3.5x fewer ids than bytes), so
+contexts of 2048 tokens hold the oracle's longest episode twice over.
 The default run is small (minutes); a tiny model trained from scratch cannot write unseen code, so
 what it can learn here is the tools' syntax and the workflow (view, edit, run the tests, submit).
 """
@@ -18,22 +20,23 @@ import ml_collections
 
 from research import configs
 from research.rl import config as rl_config
+from research.rl.envs import repo
 
 
 def get_config() -> ml_collections.ConfigDict:
   c = configs.to_config_dict(rl_config.RLExperimentConfig())
   c.env.name = 'repo'
-  c.env.word_tokens = True          # env_repo.WORDS: tool and argument names, one token each.
+  c.env.tokenizer = repo.CODE_TOKENIZER  # Its vocabulary holds the call syntax's words whole.
   c.env.repo.max_turns = 6          # view, edits, run, submit.
   c.env.repo.observation_chars = 400
   c.env.repo.split = 'train'
   c.env.repo.rename = ('view', 'open')
 
   m = c.model
-  m.vocab_size = 320                # ByteTokenizer: 256 bytes + 8 specials + 25 words, padded.
+  m.vocab_size = 1536               # The code tokenizer's.
   m.d_model = 64
   m.num_layers = 2
-  m.num_heads = 2                   # Attention is T x T per head: at 4096 tokens that is the memory.
+  m.num_heads = 2
   m.num_kv_heads = 1
   m.head_dim = 32
   m.d_ff = 128
@@ -42,19 +45,19 @@ def get_config() -> ml_collections.ConfigDict:
   m.moe_impl = 'blocked'            # The CPU path.
 
   s = c.sampler
-  s.max_len = 4096
+  s.max_len = 2048                  # The oracle's episodes: 897 ids on average, 1,042 at most.
   s.max_turns = 6
-  s.max_turn_tokens = 512           # The oracle's edits of a body fit; a feature's may not.
-  s.max_obs_tokens = 448            # Above env.repo.observation_chars: the environment caps first.
+  s.max_turn_tokens = 256           # The oracle's longest message (a feature's edit) is 233 ids.
+  s.max_obs_tokens = 160            # Above env.repo.observation_chars (400 chars: 143 ids at most).
   s.bucket = 64
 
   c.sft.steps = 5                   # ~25 s each on 2 busy cores (4 rows of 4096 tokens); wiring, not learning.
   c.sft.batch_size = 4
   c.sft.hint_fraction = 0.4
   c.rl.steps = 3
-  c.rl.tasks_per_step = 2
-  c.rl.group_size = 2
-  c.rl.max_targets = 4
+  c.rl.tasks_per_step = 4           # 16 episodes a step: 4 tasks, 4 rollouts each (the group baseline).
+  c.rl.group_size = 4
+  c.rl.max_targets = 8
   c.eval.every = 3
   c.eval.num_tasks = 4
   c.critic.rules = ('tool_call', 'protected_edit', 'syntax_error', 'run_import_error', 'run_name_error',

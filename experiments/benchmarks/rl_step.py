@@ -60,7 +60,8 @@ def bench_generation(cfg: ModelConfig, b: int, new: int, prompt: int = 32) -> di
 
   def cached(key):
     cache = decode.init_cache(cfg, b, prompt + new)
-    logits, cache, _ = ext(params, toks, jnp.ones((b, prompt), bool), cache)
+    logits, cache, _ = ext(params, toks, jnp.ones((b, prompt), bool), cache,
+                           jnp.zeros((b, cfg.vocab_size), jnp.float32))
     out = gen(params, cache, logits, jnp.zeros((b,), bool), jnp.full((b,), new, jnp.int32), key, never)
     return out['tokens']
 

@@ -1,7 +1,7 @@
 """GQA (Qwen3) and MLA (DeepSeek-V3) attention, with an optional KV cache.
 
-Both build queries, keys and values per head and share `attend`. With a cache, each row's new keys
-are written at that row's slot `write_at_B` and queries attend over all cache slots; MLA caches only the compressed
+Both build queries, keys and values per head and share `attend`. With a cache (a `LayerCache`), each
+row's new keys are written at that row's own slot and queries attend over all cache slots; MLA caches only the compressed
 latent and the shared rope key (kv_lora_rank + qk_rope_head_dim numbers per token).
 
 The mask travels as a `MaskInfo` (segment ids and slots), never as a T x S array, and `attend` has
@@ -18,6 +18,7 @@ three paths (`attention_impl`):
               slots as a B x S mask). `auto` on GPU; blockwise there when no kernel compiles.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -78,15 +79,25 @@ def _split_heads(q_BxTxHxQ, kh: int):
 
 
 def attend_dense(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask_BxTxS, scale):
-  """Softmax attention; H = K * G query heads share each key head. Returns (out, max logit per head)."""
+  """Softmax attention; H = K * G query heads share each key head. Returns (out, max logit per head).
+
+  Rows and key heads fold into one batch axis N = B * K, and a key head's G query heads and T
+  queries into one axis M: dots with a single batch axis run as plain batched matmuls on XLA's CPU
+  backend (two batch axes, or one that is not leading, cost several times more in decoding).
+  """
   b, t, h, _ = q_BxTxHxQ.shape
-  logits = jnp.einsum('btkgq,bskq->bkgts', _split_heads(q_BxTxHxQ, k_BxSxKxQ.shape[2]), k_BxSxKxQ,
+  s, kh = k_BxSxKxQ.shape[1], k_BxSxKxQ.shape[2]
+  g = h // kh
+  heads_first = lambda x: jnp.moveaxis(x, 2, 1).reshape(b * kh, s, x.shape[-1])  # N x S x Q.
+  q_NxMxQ = jnp.moveaxis(_split_heads(q_BxTxHxQ, kh), 1, 3).reshape(b * kh, g * t, -1)
+  logits = jnp.einsum('nmq,nsq->nms', q_NxMxQ, heads_first(k_BxSxKxQ),
                       preferred_element_type=jnp.float32) * scale
-  mask = mask_BxTxS[:, None, None]
-  max_logit_H = jnp.max(jnp.where(mask, logits, NEG_INF), axis=(0, 3, 4)).reshape(h)
-  probs = jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1).astype(v_BxSxKxV.dtype)
-  out = jnp.einsum('bkgts,bskv->btkgv', probs, v_BxSxKxV)
-  return out.reshape(b, t, h, -1), max_logit_H
+  mask = jnp.broadcast_to(mask_BxTxS[:, None, None], (b, kh, g, t, s)).reshape(b * kh, g * t, s)
+  logits = jnp.where(mask, logits, NEG_INF)
+  max_logit_H = jnp.max(logits.reshape(b, kh, g, t, s), axis=(0, 3, 4)).reshape(h)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v_BxSxKxV.dtype)
+  out = jnp.einsum('nms,nsv->nmv', probs, heads_first(v_BxSxKxV))  # N x M x V: b, k, g, t.
+  return jnp.moveaxis(out.reshape(b, kh, g, t, -1), 3, 1).reshape(b, t, h, -1), max_logit_H
 
 
 def _pad_to(x, axis: int, block: int, fill=0):
@@ -249,9 +260,39 @@ def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, impl: str, bl
 
 
 def write_rows(cache_BxSx, new_BxTx, write_at_B):
-  """Writes each row's new entries at that row's own slot (rows keep their own write index)."""
-  put = lambda c, x, w: jax.lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), w, axis=0)
-  return jax.vmap(put)(cache_BxSx, new_BxTx, write_at_B)
+  """Writes each row's new entries at that row's own slots write_at..write_at+T-1; slots past the
+  cache's end are dropped (a chunk's padding may overhang it; its real entries never do)."""
+  b, t = new_BxTx.shape[:2]
+  slots_BxT = write_at_B[:, None] + jnp.arange(t)
+  return cache_BxSx.at[jnp.arange(b)[:, None], slots_BxT].set(new_BxTx.astype(cache_BxSx.dtype), mode='drop')
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LayerCache:
+  """One layer's view of a stack of layer caches (L x B x S x ...), as a scan over layers carries it.
+
+  `write` puts the layer's new entries straight into the stack at each row's own slot and reads the
+  layer back: the stack stays one buffer that XLA updates in place, where scanning the cache as a
+  per-layer input and output would copy every layer's whole cache on every decoding step.
+  """
+  stack: dict                       # name -> L x B x S x ... (attention's cache_specs per layer).
+  layer: jax.Array                  # This layer's index into the stack.
+  write_at_B: jax.Array             # Each row's first slot to write.
+
+  def write(self, new: dict) -> tuple['LayerCache', dict]:
+    """new: name -> B x T x ... . Returns (the updated view, this layer's entries B x S x ...).
+
+    One scatter per entry into [layer, row, write_at + t] (vmapping an update over the row axis
+    would make XLA transpose, and copy, the whole stack). Slots past the cache's end are dropped.
+    """
+    stack = dict(self.stack)
+    for name, x in new.items():
+      b, t = x.shape[:2]
+      slots_BxT = self.write_at_B[:, None] + jnp.arange(t)
+      stack[name] = stack[name].at[self.layer, jnp.arange(b)[:, None], slots_BxT].set(
+          x.astype(stack[name].dtype), mode='drop')  # As write_rows, with the layer index in front.
+    return dataclasses.replace(self, stack=stack), {name: stack[name][self.layer] for name in new}
 
 
 def _rope(x, pos_BxT, cfg: ModelConfig):
@@ -265,8 +306,8 @@ def _rope(x, pos_BxT, cfg: ModelConfig):
 
 
 @functools.partial(jax.named_call, name='attention')
-def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache=None, write_at_B=None):
-  """Returns (out_BxTxD, new_cache or None, max_logit_H)."""
+def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache: LayerCache | None = None):
+  """Returns (out_BxTxD, the updated LayerCache or None, max_logit_H)."""
   dt = x_BxTxD.dtype
   w = lambda name: p[name].astype(dt)
   if cfg.attention == 'gqa':
@@ -277,8 +318,8 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache
       q, k = rms_norm(q, p['q_norm'], cfg.norm_eps), rms_norm(k, p['k_norm'], cfg.norm_eps)
     q, k = _rope(q, pos_BxT, cfg), _rope(k, pos_BxT, cfg)
     if cache is not None:
-      cache = {'k': write_rows(cache['k'], k, write_at_B), 'v': write_rows(cache['v'], v, write_at_B)}
-      k, v = cache['k'].astype(dt), cache['v'].astype(dt)
+      cache, entries = cache.write({'k': k, 'v': v})
+      k, v = entries['k'].astype(dt), entries['v'].astype(dt)
     scale = cfg.head_dim ** -0.5
   else:
     dn, r = cfg.qk_nope_head_dim, cfg.kv_lora_rank
@@ -292,9 +333,8 @@ def attention(p: dict, x_BxTxD, pos_BxT, mask: MaskInfo, cfg: ModelConfig, cache
     ckv_BxTxR = rms_norm(kv_a[..., :r], p['kv_a_norm'], cfg.norm_eps)
     kpe_BxTxR = _rope(kv_a[..., None, r:], pos_BxT, cfg)[:, :, 0]
     if cache is not None:
-      cache = {'ckv': write_rows(cache['ckv'], ckv_BxTxR, write_at_B),
-               'kpe': write_rows(cache['kpe'], kpe_BxTxR, write_at_B)}
-      ckv_BxTxR, kpe_BxTxR = cache['ckv'].astype(dt), cache['kpe'].astype(dt)
+      cache, entries = cache.write({'ckv': ckv_BxTxR, 'kpe': kpe_BxTxR})
+      ckv_BxTxR, kpe_BxTxR = entries['ckv'].astype(dt), entries['kpe'].astype(dt)
     kv = jnp.einsum('bsr,rhq->bshq', ckv_BxTxR, w('kv_b'))
     k_nope, v = kv[..., :dn], kv[..., dn:]
     kpe = jnp.broadcast_to(kpe_BxTxR[:, :, None], (*k_nope.shape[:3], kpe_BxTxR.shape[-1]))

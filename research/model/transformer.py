@@ -9,6 +9,7 @@ The MoE router bias (sigmoid router) lives in params but takes no gradient: the 
 it from the measured load (`research.model.moe.update_router_bias`).
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -72,11 +73,13 @@ def is_trainable(path) -> bool:
 
 
 def _block(cfg: ModelConfig, is_moe: bool, carry, xs):
-  """One decoder layer; scanned over the stacked layer params (and their cache slices)."""
-  x, pos, mask, valid, write_at = carry
-  p, cache, routes = xs
+  """One decoder layer; scanned over the stacked layer params (the cache view rides in the carry)."""
+  x, pos, mask, valid, cache = carry
+  p, layer, routes = xs
+  if cache is not None:
+    cache = dataclasses.replace(cache, layer=layer)
   h, cache, max_logit_H = attn_lib.attention(
-      p['attn'], rms_norm(x, p['attn_norm'], cfg.norm_eps), pos, mask, cfg, cache, write_at)
+      p['attn'], rms_norm(x, p['attn_norm'], cfg.norm_eps), pos, mask, cfg, cache)
   x = x + h
   h_in = rms_norm(x, p['mlp_norm'], cfg.norm_eps)
   if is_moe:
@@ -84,14 +87,17 @@ def _block(cfg: ModelConfig, is_moe: bool, carry, xs):
   else:
     h, stats = swiglu(p['mlp'], h_in), {}
   x = constrain(x + h, ('act_batch', 'act_seq', 'act_embed'))
-  return (x, pos, mask, valid, write_at), (cache, {'attn_max_logit': max_logit_H, **stats})
+  return (x, pos, mask, valid, cache), {'attn_max_logit': max_logit_H, **stats}
 
 
 def _run_stack(cfg, is_moe, layers, cache, routes, carry):
+  """Scans the layer stack. cache: its LayerCache (the whole stack, updated in place) or None."""
   fn = functools.partial(_block, cfg, is_moe)
   if cfg.remat != 'none':
     fn = jax.checkpoint(fn, policy=_REMAT[cfg.remat])
-  return jax.lax.scan(fn, carry, (layers, cache, routes))
+  n = jax.tree.leaves(layers)[0].shape[0]
+  (*carry, cache), stats = jax.lax.scan(fn, (*carry, cache), (layers, jnp.arange(n, dtype=jnp.int32), routes))
+  return tuple(carry), cache, stats
 
 
 def _cache_step(cache, valid_BxT, positions_BxT):
@@ -137,16 +143,16 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   with jax.named_scope('embed'):
     x = take_rows(params['embed']['embedding'], tokens_BxT, dt, (None, None))
   x = constrain(x, ('act_batch', 'act_seq', 'act_embed'))
-  carry = (x, pos, mask, valid, write_at)
+  carry = (x, pos, mask, valid)
   aux, new_cache = {}, {} if cache is not None else None
   for name, is_moe in (('dense_layers', False), ('moe_layers', True)):
     if name not in params:
       continue
-    layer_cache = None if cache is None else cache[name]
-    carry, (layer_cache, stats) = _run_stack(cfg, is_moe, params[name], layer_cache,
-                                             routes if is_moe else None, carry)
+    layer_cache = None if cache is None else attn_lib.LayerCache(cache[name], jnp.int32(0), write_at)
+    carry, layer_cache, stats = _run_stack(cfg, is_moe, params[name], layer_cache,
+                                           routes if is_moe else None, carry)
     if cache is not None:
-      new_cache[name] = layer_cache
+      new_cache[name] = layer_cache.stack
     for key, val in stats.items():
       aux[key] = val if key not in aux else jnp.concatenate([aux[key], val])
   x = rms_norm(carry[0], params['final_norm']['scale'], cfg.norm_eps)

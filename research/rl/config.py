@@ -6,6 +6,7 @@ experiments/*_rl.py start from `configs.to_config_dict(RLExperimentConfig())`; d
 the sections. Nothing here grades or samples: a config loads without the task machinery.
 """
 import dataclasses
+import os
 
 from research import configs
 from research.model import config as model_config
@@ -34,6 +35,9 @@ class EnvConfig:
   """env: the environment tasks and rewards come from; its section configures it."""
   name: str = 'toolcalc'            # An environment: one of the sections below ('toolcalc', 'repo').
   word_tokens: bool = True          # The env's words are one token each (as in a BPE vocabulary), not bytes.
+  # A tokenizer.json (or its folder, with tokenizer_config.json) instead of bytes and word_tokens,
+  # e.g. the repo env's code BPE (research.rl.envs.repo.CODE_TOKENIZER); base.tokenizer wins over it.
+  tokenizer: str = ''
   toolcalc: toolcalc_lib.Settings = dataclasses.field(default_factory=toolcalc_lib.Settings)  # Problems, tools, drift.
   repo: repo_settings.Settings = dataclasses.field(default_factory=repo_settings.Settings)  # Tasks, turns, limits.
 
@@ -41,12 +45,17 @@ class EnvConfig:
     names = env_names()
     if self.name not in names:
       raise configs.invalid(path + 'name', self.name, f'expected one of {names}')
+    if self.tokenizer:
+      file = (self.tokenizer if self.tokenizer.endswith('.json')
+              else os.path.join(self.tokenizer, 'tokenizer.json'))
+      if not os.path.isfile(file):
+        raise configs.invalid(path + 'tokenizer', self.tokenizer, f'{file} does not exist')
     return self
 
 
 def env_names() -> tuple[str, ...]:
   """The environments: EnvConfig's sections (research/rl/envs/registry.py makes each)."""
-  return tuple(f.name for f in dataclasses.fields(EnvConfig) if f.name not in ('name', 'word_tokens'))
+  return tuple(f.name for f in dataclasses.fields(EnvConfig) if dataclasses.is_dataclass(f.type))
 
 
 @dataclasses.dataclass(frozen=True)

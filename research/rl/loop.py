@@ -58,9 +58,10 @@ from research.train import step as step_lib
 
 
 def _tokenizer(c: RLExperimentConfig, env):
-  """The base model's tokenizer, or bytes plus (with env.word_tokens) the environment's words."""
-  if c.base.tokenizer:
-    return HFTokenizer(c.base.tokenizer)
+  """The base model's tokenizer, else env.tokenizer, else bytes plus (with env.word_tokens) the
+  environment's words."""
+  if c.base.tokenizer or c.env.tokenizer:
+    return HFTokenizer(c.base.tokenizer or c.env.tokenizer)
   if c.env.word_tokens and not env.words:
     raise ValueError(f'env.word_tokens: env {c.env.name!r} has no word list')
   return ByteTokenizer(env.words if c.env.word_tokens else ())

@@ -12,7 +12,6 @@ from research.rl import loop
 from research.rl.envs.repo import oracle as repo_oracle
 from research.rl.sft import render
 from research.rl.rollout.trajectory import Trajectory
-from research.tokenizer.base import ByteTokenizer
 from research.rl import config as rl_config
 from research.rl.envs import registry
 from research.rl.envs.repo import calls
@@ -32,18 +31,12 @@ def _config(task_dir):
   return c
 
 
-def _short(task_dir):
-  c = _config(task_dir)
-  c.sampler.max_len = 2048          # Compiles faster; the prompts fit, long demonstrations are cut.
-  return c
-
-
 def test_demonstrations_are_oracle_episodes_with_hints(repo_task_dir):
   c = configs.from_dict(rl_config.RLExperimentConfig, _config(repo_task_dir))
   env = registry.make(c.env, "")
   env = env.renamed(('view', 'open'))  # RL's drift: the warm start still uses the tools' own names.
   demos = repo_oracle.Demonstrations(env, hint_fraction=1.0)(np.random.default_rng(0), 12)
-  tok = ByteTokenizer(env.words)
+  tok = loop._tokenizer(c, env)   # The config's: the code tokenizer.
   pool = {n for names in calls.NAME_POOL.values() for n in names}
   renamed = 0
   for conv in demos:  # Each ends with a critic's hint and the one trained message it asks for.
@@ -62,7 +55,7 @@ def test_demonstrations_are_oracle_episodes_with_hints(repo_task_dir):
 
 
 def test_one_rl_step_writes_the_metrics(repo_task_dir, tmp_path):
-  loop.run(_short(repo_task_dir), str(tmp_path))
+  loop.run(_config(repo_task_dir), str(tmp_path))
   with open(tmp_path / 'metrics.jsonl') as f:
     rows = [json.loads(line) for line in f]
   row = rows[-1]

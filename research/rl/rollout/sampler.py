@@ -4,7 +4,8 @@ One jitted `generate` call samples a model message for every live row: temperatu
 stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token
 budget, and exits as soon as every row has stopped. Between turns the host hands each message to its
 environment episode, renders the observation to ids once, and prefills it into the same cache
-(`extend`), so no earlier token is ever recomputed or re-tokenized.
+(`extend`, always sampler.chunk wide: prompts go in several chunks), so no earlier token is ever
+recomputed or re-tokenized, and a run compiles one prefill and one generate program per batch.
 
 The episodes of a turn step at once on a pool of threads (sandboxed episodes mostly wait on their
 subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
@@ -12,8 +13,8 @@ whatever the timing, and a raising episode takes the one fault path however it r
 
 Each row writes the cache from its own index (research/model/decode.py), which advances by the row's
 real tokens only: a row holds its trajectory back to back (its cache end is its trajectory's
-length), so the cache is sized by the longest row, and each row sees exactly the contiguous
-sequence a full forward over its trajectory sees.
+length), so the cache holds one episode (sampler.max_len slots), and each row sees exactly the
+contiguous sequence a full forward over its trajectory sees.
 """
 
 from concurrent import futures
@@ -37,6 +38,11 @@ from research.rl.envs.base import Step
 from research.rl.rollout.trajectory import Trajectory
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
+
+
+# Ids around an observation: the message's closing, the tool turn's prefix and suffix, '...' of a
+# cut, the next assistant turn's opening (ChatML's, the largest of our formats, is under 16).
+_OBS_FRAME = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +71,17 @@ class SamplerConfig:
 
   @property
   def cache_len(self) -> int:
-    return _round_up(self.max_len, self.bucket) + self.max_turns * (
-        self.max_turn_tokens + _round_up(self.max_obs_tokens + 3, self.bucket))
+    """Slots per row: one episode's (a row holds its trajectory back to back, at most max_len ids;
+    a chunk's padding past the end is dropped). Attention reads every slot, so this sets the cost
+    of decoding."""
+    return _round_up(self.max_len, self.bucket)
+
+  @property
+  def chunk(self) -> int:
+    """Width of every prefill: the widest observation with the chat template's ids around it, so
+    a whole run prefills through one compiled program (prompts go in chunks of it)."""
+    return _round_up(self.max_obs_tokens + _OBS_FRAME, self.bucket)
+
 
 
 def _round_up(n: int, m: int) -> int:
@@ -122,13 +137,15 @@ def _replicated(x):
   return constrain(x, (None,) * x.ndim)
 
 
-def extend(params, tokens_BxT, mask_BxT, cache, *, cfg: ModelConfig):
-  """Prefills a right-padded chunk. Returns (logits at each row's last real token, cache, routes)."""
+def extend(params, tokens_BxT, mask_BxT, cache, logits_BxV, *, cfg: ModelConfig):
+  """Prefills a right-padded chunk. Returns (logits at each row's last real token, or logits_BxV
+  for a row without one; cache; routes)."""
   logits, aux, cache = forward(params, tokens_BxT, cfg, segment_ids_BxT=mask_BxT.astype(jnp.int32),
                                cache=_shard_cache(cache))
   b, t = tokens_BxT.shape
   last = t - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=1)
-  return logits[jnp.arange(b), last], _shard_cache(cache), _replicated(_routes(aux, cfg, b, t))
+  logits = jnp.where(jnp.any(mask_BxT, axis=1)[:, None], logits[jnp.arange(b), last], logits_BxV)
+  return _replicated(logits), _shard_cache(cache), _replicated(_routes(aux, cfg, b, t))
 
 
 def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
@@ -175,7 +192,7 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
 
 @functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.
 def _programs(jit: Callable, cfg: ModelConfig, s: 'SamplerConfig', pad_id: int):
-  return (jit(functools.partial(extend, cfg=cfg), donate_argnums=3),
+  return (jit(functools.partial(extend, cfg=cfg), donate_argnums=(3, 4)),
           jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1))
 
 
@@ -285,14 +302,16 @@ class Sampler:
       _end(trajs[r], call)
     return seconds
 
-  def _pad(self, rows: list[list[int] | None]):
-    t = _round_up(max([len(r) for r in rows if r] + [1]), self.s.bucket)
-    ids = np.full((len(rows), t), self.tok.pad_id, np.int32)
-    mask = np.zeros((len(rows), t), bool)
-    for i, r in enumerate(rows):
-      if r:
-        ids[i, :len(r)], mask[i, :len(r)] = r, True
-    return ids, mask
+  def _chunks(self, rows: list[list[int] | None]):
+    """Each row's ids cut into right-padded chunks of sampler.chunk: (ids, mask) per chunk."""
+    w = self.s.chunk
+    for start in range(0, max([len(r) for r in rows if r] + [1]), w):
+      ids = np.full((len(rows), w), self.tok.pad_id, np.int32)
+      mask = np.zeros((len(rows), w), bool)
+      for i, r in enumerate(rows):
+        part = (r or [])[start:start + w]
+        ids[i, :len(part)], mask[i, :len(part)] = part, True
+      yield ids, mask
 
   def _text(self, ids) -> tuple[str, bool]:
     """The message text; a special token inside the content makes it unparseable on purpose."""
@@ -304,7 +323,8 @@ class Sampler:
     """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
     t0 = time.perf_counter()
     trajs = self._trajectories(episodes, tasks, groups)
-    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len), None)
+    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len),
+                jnp.zeros((len(trajs), self.cfg.vocab_size), jnp.float32))
     kv = self._prefill(params, kv, [t.tokens for t in trajs], trajs)
     replies, env_s = [], 0.0
     for turn in range(self.s.max_turns):
@@ -332,15 +352,16 @@ class Sampler:
                                    group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
 
   def _prefill(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
-    """Prefills each row's new ids (None: none) into the cache, recording their routes."""
-    ids, mask = self._pad(rows)
-    logits, cache, routes = self._extend(params, ids, mask, kv.cache)
-    if self.s.record_routes:
-      routes = np.asarray(routes)
-      for r, row in enumerate(rows):
-        if row:
-          trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :len(row)].transpose(1, 0, 2))
-    return _Cache(cache, logits)
+    """Prefills each row's new ids (None: none) into the cache a chunk at a time, recording their
+    routes."""
+    for ids, mask in self._chunks(rows):
+      logits, cache, routes = self._extend(params, ids, mask, kv.cache, kv.logits_BxV)
+      kv = _Cache(cache, logits)
+      if self.s.record_routes:
+        routes, n_B = np.asarray(routes), mask.sum(1)
+        for r in np.flatnonzero(n_B):
+          trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :n_B[r]].transpose(1, 0, 2))
+    return kv
 
   def _budget(self, traj: Trajectory) -> int:
     """Tokens the row may sample this turn: the turn's budget within the trajectory's length limit."""
@@ -366,11 +387,10 @@ class Sampler:
     out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
     kv = _Cache(cache, kv.logits_BxV)
     msgs = [self._message(trajs[r], out, r) for r in rows]
-    used = max(len(t.tokens) for t in trajs)  # The longest row's cache end.
     calls, env_s = self._env_calls([(episodes[r].step, m.text) for r, m in zip(rows, msgs)])
     replies = [None] * len(trajs)
     for r, m, call in zip(rows, msgs, calls):
-      replies[r] = self._reply(trajs[r], m, call, last, used)
+      replies[r] = self._reply(trajs[r], m, call, last)
     cut = {r: rep.close for r, rep in enumerate(replies) if rep is not None and rep.close}
     if cut:
       env_s += self._close_rows(episodes, trajs, cut)
@@ -384,7 +404,7 @@ class Sampler:
     text, malformed = self._text(ids)
     return _Message(ids, text, malformed, traj.add_model(ids, out.logp_BxM[r, :n], text, routes))
 
-  def _reply(self, traj: Trajectory, m: _Message, call: _EnvCall, last: bool, used: int) -> _Reply:
+  def _reply(self, traj: Trajectory, m: _Message, call: _EnvCall, last: bool) -> _Reply:
     """What the episode's answer to a message means: its end, a cut, or the observation's ids."""
     if call.step is not None:
       m.entry.info = dict(call.step.info)
@@ -392,7 +412,8 @@ class Sampler:
       _end(traj, call)
       return _Reply(None, None, len(m.ids), m.malformed, False)
     obs, cut = self._observation(call.step.observation, m.ids)
-    reason = 'turns' if last else self._over_context(traj, obs, used)
+    # The next message needs room too: an observation that reaches max_len ends the episode.
+    reason = 'turns' if last else 'context' if len(traj.tokens) + len(obs) >= self.s.max_len else None
     if reason:
       traj.truncated = reason == 'context'
       return _Reply(None, reason, len(m.ids), m.malformed, cut)
@@ -414,18 +435,6 @@ class Sampler:
     closing = tok.message_suffix('assistant')[int(len(msg_ids) > 0 and msg_ids[-1] == tok.end_of_message_id):]
     return [*closing, *tok.message_prefix('tool'), *body, *tok.message_suffix('tool'),
             *chat.generation_prompt(tok)], cut
-
-  def _over_context(self, traj: Trajectory, obs: list[int], used: int) -> str | None:
-    """'context' when the observation or the next message would not fit the length or the cache.
-
-    used: the longest row's cache end; the next write (the widest observation, rounded up to the
-    bucket) starts at every row's own end.
-    """
-    s = self.s
-    if len(traj.tokens) + len(obs) >= s.max_len or (
-        used + _round_up(len(obs), s.bucket) + s.max_turn_tokens > s.cache_len):
-      return 'context'
-    return None
 
 
 def _stats(trajs: list[Trajectory], replies: list[_Reply], env_s: float, seconds: float) -> RolloutStats:

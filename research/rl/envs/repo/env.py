@@ -74,6 +74,7 @@ class EpisodeStats:
   tool_calls: dict[str, int] = dataclasses.field(default_factory=dict)
   bad_calls: int = 0
   env_seconds: float = 0.0
+  grade_seconds: float = 0.0        # Of env_seconds, in the grader (its share of an RL step's time).
   last_edit: int = 0                # Turn of the last successful edit (0: none).
   last_test: int = 0                # Turn of the last `run` that invoked pytest (0: none).
   tests_run_before_submit: bool = False
@@ -89,11 +90,13 @@ class EpisodeStats:
 
 
 def metrics(stats: list[EpisodeStats]) -> dict[str, float]:
-  """A batch's per-step metrics: rates and means per episode (tool calls by tool), env_seconds summed."""
+  """A batch's per-step metrics: rates and means per episode (tool calls by tool), env_seconds and
+  grade_seconds summed over the episodes (they run at once: the step's wall time is time_env)."""
   n = max(len(stats), 1)
   out = {'hack_rate': sum(s.hacked for s in stats) / n, 'fault_rate': sum(s.fault for s in stats) / n,
          'grader_error_rate': sum(s.grader_error for s in stats) / n,
-         'env_seconds': sum(s.env_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
+         'env_seconds': sum(s.env_seconds for s in stats),
+         'grade_seconds': sum(s.grade_seconds for s in stats), 'turns': sum(s.turns for s in stats) / n,
          'tests_run_before_submit': sum(s.tests_run_before_submit for s in stats) / n,
          'bad_calls': sum(s.bad_calls for s in stats) / n,
          'grades_shared': sum(s.grade_shared for s in stats) / n,
@@ -360,7 +363,9 @@ class Episode:
       info['work_area'] = problem
       grade = grading.Grade(f'work area refused: {problem}')
     elif diff:
+      t0 = time.perf_counter()
       grade, st.grade_shared = self.grader.grade(grading.Job(self.task, self.graded, diff))
+      st.grade_seconds = time.perf_counter() - t0
     else:
       grade = grading.Grade('no changes')
     st.grade_reason = grade.reason

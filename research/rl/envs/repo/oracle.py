@@ -5,7 +5,7 @@ around the hunk as makes the text unique; insert into an empty file), runs the t
 It reads the task's solution record, so only tests, the warm start's demonstrations
 (`RepoEnv.demonstrations`) and checks use it, never an episode. `edit_calls` turns any diff of a task's tree into tool calls (experiments/repo_env_check.py
 delivers the red team's attacks with it). `Demonstrations` makes the warm start's conversations from
-the oracle's episodes.
+the oracle's episodes; `tokens_per_episode` measures a tokenizer on them.
 """
 
 import dataclasses
@@ -22,6 +22,8 @@ from research.rl.envs.repo.tools import matches
 from research.rl.feedback import critics
 from research.tasks import patch as patch_lib
 from research.tasks import task as task_lib
+from research.tokenizer import chat
+from research.tokenizer.base import Tokenizer
 
 _HUNK = re.compile(r'^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@')
 
@@ -112,6 +114,21 @@ def conversation(env, task: task_lib.Task, solution: task_lib.Solution) -> list[
       return conv
     conv.append({'role': 'tool', 'content': step.observation})
   raise RuntimeError(f'oracle: {task.id} did not end at submit')
+
+
+def episodes(env) -> list[list[dict]]:
+  """The oracle's episode on each of the env's tasks, as chats (`conversation`)."""
+  solutions = task_lib.read_solutions(env.task_dir)
+  return [conversation(env, t, solutions[t.id]) for t in env.tasks]
+
+
+def tokens_per_episode(tok: Tokenizer, convs: list[list[dict]]) -> float:
+  """Mean ids of the chats rendered by `tok` (as the warm start renders them, before packing).
+
+  Render one `episodes(env)` with each tokenizer to compare them: `run` output differs between
+  episodes (timings), so episodes recorded twice are not the same text.
+  """
+  return float(np.mean([len(chat.render(tok, conv)[0]) for conv in convs]))
 
 
 def _reply(env, task: task_lib.Task, message: str) -> tuple[list[dict], Step]:
