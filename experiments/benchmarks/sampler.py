@@ -18,7 +18,6 @@ tokens_per_episode: the oracle's episodes of the fixture's tasks rendered with t
 (plus the call syntax's words, the earlier config's) and with the code tokenizer.
 """
 
-import functools
 import json
 import os
 import shutil
