@@ -27,8 +27,8 @@ def params():
 class Echo:
   """Answers `turns` messages with an observation of the given length, then ends; may raise."""
 
-  def __init__(self, turns=2, obs='ok', raise_at=None):
-    self.prompt = [{'role': 'user', 'content': 'hi there'}]
+  def __init__(self, turns=2, obs='ok', raise_at=None, prompt='hi there'):
+    self.prompt = [{'role': 'user', 'content': prompt}]
     self.turns, self.obs, self.raise_at, self.n, self.closed = turns, obs, raise_at, 0, None
 
   def step(self, message):
@@ -69,6 +69,20 @@ def test_multiturn_cache_equals_recompute(params):
       assert t.tokens[j - 1] == TOK.end_of_message_id and not t.policy[j - 1]
       assert t.tokens[j] == TOK.role_ids['tool'] and not any(t.policy[j:j + len(e.obs) + 3])
     assert len(t.routes) == len(t.tokens)
+
+
+def test_prompts_longer_than_a_chunk_prefill_in_pieces(params):
+  """Prompts of 1 to 4 prefill chunks (sampler.chunk = 32 here) and observations as long as a chunk:
+  the cache still equals a full forward, and every token's routes are recorded once."""
+  s = SamplerConfig(temperature=0.9, max_turn_tokens=5, max_turns=2, max_len=192, max_obs_tokens=8,
+                    record_routes=True)
+  assert Sampler(CFG, TOK, s).s.chunk == 32
+  eps = [Echo(turns=2, obs='x' * 30, prompt='word ' * n) for n in (1, 9, 20)]
+  trajs, _ = Sampler(CFG, TOK, s).rollout(params, eps, jax.random.key(3))
+  assert max(t.messages[0].start for t in trajs) > 3 * s.chunk
+  lp, b = _full_logp(params, trajs, 0.9)
+  np.testing.assert_allclose(b['sampler_logp'] * b['mask'], lp * b['mask'], atol=2e-4)
+  assert [len(t.routes) for t in trajs] == [len(t.tokens) for t in trajs]
 
 
 def test_router_replay_reproduces_sampler_routes(params):
