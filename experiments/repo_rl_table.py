@@ -11,7 +11,8 @@ Config: experiments/repo_rl.py (RL's environment renames `view` to `open`: drift
 (PG alone) run RL from it on the train split. The warm start and each arm's final policy are
 evaluated with one sampled rollout per task on every train and held-out task (the RL environment,
 renamed tool included). Per evaluation: success, valid-call rate (messages that are one valid
-call), critic firings by rule per episode, tests run before submit (of the episodes that
+call), well-formed rate (messages that parse as one call, valid or not), critic firings by rule
+per episode, tests run before submit (of the episodes that
 submitted), and drift: calls of the renamed tool by its new name over those by either name.
 """
 
@@ -55,6 +56,9 @@ def table_row(trajs: list[Trajectory], critic, settings: env_repo.Settings) -> d
   fires = collections.Counter(fb.rule for t in trajs for fb in critic(t))
   return {'episodes': len(trajs), 'success': float(np.mean([t.success for t in trajs])),
           'valid_call_rate': float(np.mean([m.info.get('kind') == 'call' for m in msgs])) if msgs else 0.0,
+          # One call in the syntax, whatever its tool and arguments (a renamed tool's old name too).
+          'well_formed_rate': float(np.mean([_called(m.text, settings.call_format) is not None
+                                             for m in msgs])) if msgs else 0.0,
           'fires_per_episode': {r: fires[r] / len(trajs) for r in critic.names},
           'tested_before_submit': float(np.mean(submits)) if submits else None, 'submits': len(submits),
           f'drift_{new}_share': by_new / (by_new + by_old) if by_new + by_old else None}

@@ -79,5 +79,6 @@ def test_table_row_counts_calls_submits_and_drift(repo_task_dir):
   other.close('context')
   row = repo_rl_table.table_row([a, b], critics.Critic(list(repo_rl.get_config().critic.rules)), env.settings)
   assert (row['episodes'], row['success'], row['valid_call_rate']) == (2, 0.0, 0.5)
+  assert row['well_formed_rate'] == 0.75  # The old name's call parses; 'no call' does not.
   assert (row['submits'], row['tested_before_submit'], row['drift_open_share']) == (1, 0.0, 0.5)
   assert row['fires_per_episode']['tool_call'] == 1.0 and row['fires_per_episode']['untested_submit'] == 0.5
