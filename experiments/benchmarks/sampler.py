@@ -146,7 +146,7 @@ def main(argv):
   wd = _WORKDIR.value
   if _PART.value == 'run':
     processes.enable_compilation_cache(os.path.join(wd, 'compile_cache'))
-    res = run_part(os.path.join(wd, os.path.basename(_OUT.value)[:-5]), _TASKS.value, _STEPS.value,
+    res = run_part(os.path.splitext(_OUT.value)[0], _TASKS.value, _STEPS.value,
                    _SFT_STEPS.value)
     with open(_OUT.value, 'w') as f:
       json.dump(res, f, indent=1)

@@ -259,12 +259,15 @@ def attend(q_BxTxHxQ, k_BxSxKxQ, v_BxSxKxV, mask: MaskInfo, scale, impl: str, bl
   return out, max_logit_H
 
 
-def write_rows(cache_BxSx, new_BxTx, write_at_B):
-  """Writes each row's new entries at that row's own slots write_at..write_at+T-1; slots past the
-  cache's end are dropped (a chunk's padding may overhang it; its real entries never do)."""
+def write_rows(cache_BxSx, new_BxTx, write_at_B, layer=None):
+  """Writes each row's new entries at that row's own slots write_at..write_at+T-1 (of the stack's
+  `layer` when given: cache L x B x S x ...); slots past the cache's end are dropped (a chunk's
+  padding may overhang it; its real entries never do). One scatter: vmapping an update over the
+  row axis would make XLA transpose, and copy, the whole cache."""
   b, t = new_BxTx.shape[:2]
-  slots_BxT = write_at_B[:, None] + jnp.arange(t)
-  return cache_BxSx.at[jnp.arange(b)[:, None], slots_BxT].set(new_BxTx.astype(cache_BxSx.dtype), mode='drop')
+  at = (jnp.arange(b)[:, None], write_at_B[:, None] + jnp.arange(t))
+  at = at if layer is None else (layer, *at)
+  return cache_BxSx.at[at].set(new_BxTx.astype(cache_BxSx.dtype), mode='drop')
 
 
 @jax.tree_util.register_dataclass
@@ -281,17 +284,9 @@ class LayerCache:
   write_at_B: jax.Array             # Each row's first slot to write.
 
   def write(self, new: dict) -> tuple['LayerCache', dict]:
-    """new: name -> B x T x ... . Returns (the updated view, this layer's entries B x S x ...).
-
-    One scatter per entry into [layer, row, write_at + t] (vmapping an update over the row axis
-    would make XLA transpose, and copy, the whole stack). Slots past the cache's end are dropped.
-    """
-    stack = dict(self.stack)
-    for name, x in new.items():
-      b, t = x.shape[:2]
-      slots_BxT = self.write_at_B[:, None] + jnp.arange(t)
-      stack[name] = stack[name].at[self.layer, jnp.arange(b)[:, None], slots_BxT].set(
-          x.astype(stack[name].dtype), mode='drop')  # As write_rows, with the layer index in front.
+    """new: name -> B x T x ... . Returns (the updated view, this layer's entries B x S x ...)."""
+    stack = {**self.stack, **{name: write_rows(self.stack[name], x, self.write_at_B, self.layer)
+                              for name, x in new.items()}}
     return dataclasses.replace(self, stack=stack), {name: stack[name][self.layer] for name in new}
 
 

@@ -83,7 +83,6 @@ class SamplerConfig:
     return _round_up(self.max_obs_tokens + _OBS_FRAME, self.bucket)
 
 
-
 def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
