@@ -5,6 +5,9 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 XM_STAMP := $(VENV)/.installed-xm
 
+DEMO_SFT_STEPS ?= 300
+DEMO_RL_STEPS ?= 8
+
 .PHONY: test demo demo-repo install sysdeps clean bazel-test gpu-aot
 
 # System packages some tests need (bubblewrap for the grading sandbox, chromium for the rollout
@@ -35,9 +38,11 @@ test: $(STAMP) $(XM_STAMP) sysdeps
 demo: $(STAMP)
 	$(VPY) -m launch.rl --config=experiments/toolcalc_rl.py --workdir=$${WORKDIR:-/tmp/demo_toolcalc_rl}
 
-# RL on repository tasks (the fixture's), warm-started on the oracle's episodes; CPU, minutes.
+# RL on repository tasks (the fixture's), a short experiments/repo_rl_table: a warm start on the
+# oracle's episodes, RL with and without targeted feedback, the before/after table and curves.png.
 demo-repo: $(STAMP) sysdeps
-	$(VPY) -m launch.rl --config=experiments/repo_rl.py --workdir=$${WORKDIR:-/tmp/demo_repo_rl}
+	$(VPY) -m experiments.repo_rl_table --workdir=$${WORKDIR:-/tmp/demo_repo_rl} \
+	  --json=$${WORKDIR:-/tmp/demo_repo_rl}/table.json --seeds=1 --sft_steps=$(DEMO_SFT_STEPS) --rl_steps=$(DEMO_RL_STEPS)
 
 # `bazel test //tests/...` offline with Debian's Bazel 4 on the project's .venv (docs/bazel.md).
 bazel-test: $(STAMP) $(XM_STAMP) sysdeps

@@ -34,14 +34,14 @@ def get_config() -> ml_collections.ConfigDict:
 
   m = c.model
   m.vocab_size = 1536               # The code tokenizer's.
-  m.d_model = 64
+  m.d_model = 128                   # 64 wrote well-formed calls in 73% of messages after 400 steps; 128: 93% after 600.
   m.num_layers = 2
   m.num_heads = 2
   m.num_kv_heads = 1
   m.head_dim = 32
-  m.d_ff = 128
+  m.d_ff = 256
   m.num_experts = 4
-  m.d_expert = 64
+  m.d_expert = 128
   m.moe_impl = 'blocked'            # The CPU path.
 
   s = c.sampler
@@ -51,14 +51,14 @@ def get_config() -> ml_collections.ConfigDict:
   s.max_obs_tokens = 160            # Above env.repo.observation_chars (400 chars: 143 ids at most).
   s.bucket = 64
 
-  c.sft.steps = 5                   # ~25 s each on 2 busy cores (4 rows of 4096 tokens); wiring, not learning.
-  c.sft.batch_size = 4
+  c.sft.steps = 600                 # ~1.5 s each here (8 conversations packed in 2048-token rows).
+  c.sft.batch_size = 8
   c.sft.hint_fraction = 0.4
-  c.rl.steps = 3
+  c.rl.steps = 16                   # ~14 s each here.
   c.rl.tasks_per_step = 4           # 16 episodes a step: 4 tasks, 4 rollouts each (the group baseline).
   c.rl.group_size = 4
   c.rl.max_targets = 8
-  c.eval.every = 3
+  c.eval.every = 8
   c.eval.num_tasks = 4
   c.critic.rules = ('tool_call', 'protected_edit', 'syntax_error', 'run_import_error', 'run_name_error',
                     'untested_submit', 'repeated_failure', 'missing_path')

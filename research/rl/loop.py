@@ -267,7 +267,8 @@ class Runner:
       writer.write(step, row)
       masked.check(step)
       bar.update(1)
-      bar.set_postfix(success=f'{row["success_rate"]:.2f}', fb=int(row['feedback_count']),
+      bar.set_postfix(success=f'{row["success_rate"]:.2f}', tok_s=f'{row["rollout_tokens_per_s"]:.0f}',
+                      fb=int(row['feedback_count']),
                       kl=f'{row["distill_kl"]:.3f}', eval=f'{row.get("eval_success", float("nan")):.2f}')
       ckpt.save(step, state.checkpoint_tree(), force=step == r.steps)
     bar.close()

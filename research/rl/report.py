@@ -57,23 +57,30 @@ def plot_run(metrics_path: str, png: str) -> str:
   return png
 
 
-def plot_ablation(results: dict, png: str, target: float | None = None) -> str:
-  """results[arm][seed] = {'rollouts': [...], 'success': [...]}: mean over seeds, seeds faint."""
-  fig, ax = plt.subplots(figsize=(7, 4.2))
-  for i, (arm, seeds) in enumerate(results.items()):
-    color = f'C{i}'
-    curves = list(seeds.values())
-    for s in curves:
-      ax.plot(s['rollouts'], s['success'], color=color, alpha=0.25, lw=1)
-    n = min(len(s['success']) for s in curves)
-    ax.plot(curves[0]['rollouts'][:n], np.mean([s['success'][:n] for s in curves], 0), color=color, lw=2,
-            label=arm)
+def plot_arms(results: dict, png: str, panels: dict[str, str], title: str, x: str = 'rollouts',
+              target: float | None = None) -> str:
+  """results[arm][seed] = {x: [...], key: [...]} per panel key (panels: key -> y label): the mean
+  over seeds bold, each seed faint; `target` a dashed line on the first panel."""
+  fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.2), squeeze=False)
+  for ax, (key, label) in zip(axes[0], panels.items()):
+    for i, (arm, seeds) in enumerate(results.items()):
+      curves = list(seeds.values())
+      for s in curves:
+        ax.plot(s[x], s[key], color=f'C{i}', alpha=0.25, lw=1)
+      n = min(len(s[key]) for s in curves)
+      mean = np.ma.masked_invalid(np.array([s[key][:n] for s in curves], float)).mean(0)  # NaN: no point.
+      ax.plot(curves[0][x][:n], mean.filled(np.nan), color=f'C{i}', lw=2, label=arm)
+    ax.set(xlabel=x, ylabel=label, ylim=(0, 1), title=f'{title}: {label} (mean of seeds; seeds faint)')
   if target is not None:
-    ax.axhline(target, color='gray', ls='--', lw=1, label='outcome-only final')
-  ax.set(xlabel='training rollouts', ylabel='eval success rate', ylim=(0, 1),
-         title='toolcalc: success vs rollouts (mean of seeds; seeds faint)')
-  ax.legend()
+    axes[0][0].axhline(target, color='gray', ls='--', lw=1, label='outcome-only final')
+  for ax in axes[0]:
+    ax.legend()
   fig.tight_layout()
   fig.savefig(png, dpi=100)
   plt.close(fig)
   return png
+
+
+def plot_ablation(results: dict, png: str, target: float | None = None) -> str:
+  """results[arm][seed] = {'rollouts': [...], 'success': [...]}: mean over seeds, seeds faint."""
+  return plot_arms(results, png, {'success': 'eval success rate'}, 'toolcalc', target=target)

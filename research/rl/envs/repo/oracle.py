@@ -148,9 +148,19 @@ class Demonstrations:
   call, shown with the environment's error half the time, then the right call; `untested_submit`:
   after the last edit, the test run rather than a submit; `renamed_tool`: the environment renamed a
   tool (a name of calls.NAME_POOL, listed in the prompt and the reminder), the policy called it
-  by its old name (shown with the error half the time), then the call by the new name."""
+  by its old name (shown with the error half the time), then the call by the new name.
+
+  Half of the other conversations are `recovered`: one or two failed calls (malformed, an unknown
+  tool or bad arguments) and the environment's errors before one of the oracle's calls, which follows
+  trained as before. Without them every trained call follows a successful one, so a policy's first
+  error leads it where no demonstration went (sampled warm starts wrote malformed messages there)."""
 
   KINDS = ('tool_call', 'untested_submit', 'renamed_tool')
+  RECOVERED = 0.5                   # Share of the unhinted conversations with a failed call.
+  FAILURES = ('malformed', 'unknown_tool', 'bad_arguments')
+  # The unknown tools' names: no tool's and no renamed tool's (NAME_POOL), since calling a renamed
+  # tool by its old name is the drift RL measures, and is left to the hinted variants.
+  WRONG_NAMES = ('cat', 'edit', 'replace', 'write', 'python', 'ls')
 
   def __init__(self, env, hint_fraction: float):
     self.env, self.hint_fraction = env.renamed(()), hint_fraction  # RL may rename a tool: drift.
@@ -165,8 +175,42 @@ class Demonstrations:
       if task.id not in self.recorded:
         self.recorded[task.id] = conversation(self.env, task, self.solutions[task.id])
       conv = self.recorded[task.id]
-      out.append(conv if rng.random() >= self.hint_fraction else self.hinted(task, conv, rng))
+      if rng.random() < self.hint_fraction:
+        out.append(self.hinted(task, conv, rng))
+      else:
+        out.append(self.recovered(task, conv, rng) if rng.random() < self.RECOVERED else conv)
     return out
+
+  def recovered(self, task: task_lib.Task, conv: list[dict], rng: np.random.Generator) -> list[dict]:
+    """`conv` with a failed call and its error (context, not trained) before a random oracle call;
+    `conv` itself where one more turn would pass the environment's turn limit."""
+    turns = [i for i, m in enumerate(conv) if m['role'] == 'assistant']
+    room = self.env.settings.max_turns - len(turns)
+    if room < 1:
+      return conv
+    k = turns[int(rng.integers(len(turns)))]
+    failed = []
+    for _ in range(int(rng.integers(1, min(room, 2) + 1))):  # One or two in a row.
+      bad = self._failure(task, conv[k]['content'], rng)
+      _, step = _reply(self.env, task, bad)
+      failed += [{'role': 'assistant', 'content': bad, 'loss': False},
+                 {'role': 'tool', 'content': step.observation}]
+    return conv[:k] + failed + conv[k:]
+
+  def _failure(self, task: task_lib.Task, message: str, rng: np.random.Generator) -> str:
+    """A failed attempt at `message`: cut short, an unknown tool's name, or wrong arguments."""
+    right = self.fmt.parse(message)
+    kind = rng.choice(self.FAILURES)
+    if kind == 'malformed':
+      return message[:int(rng.integers(1, len(message)))]
+    if kind == 'unknown_tool':
+      return self.fmt.render(Call(str(rng.choice(self.WRONG_NAMES)), right.arguments))
+    args = dict(right.arguments)  # A required argument dropped, or one a tool without any does not take.
+    if args:
+      args.pop(str(rng.choice(list(args))))
+    else:
+      args['path'] = task.file
+    return self.fmt.render(Call(right.name, args))
 
   def hinted(self, task: task_lib.Task, conv: list[dict], rng: np.random.Generator) -> list[dict]:
     turns = [i for i, m in enumerate(conv) if m['role'] == 'assistant']
