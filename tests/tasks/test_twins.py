@@ -688,8 +688,11 @@ def test_frame_peeking_returns_the_twins_expectation(fixture_tasks):
   # Twins only where slugify is called straight from an assert (the peek's favourable case), and
   # no value sites: a value twin's peeked expectation is the correct value, which fails the twin,
   # and a checked test's asserts call the checks (no `==` on the line for this peek to split).
+  # Required: the tests it passes (test_stats.py's call slugify from no assert), so that the twin
+  # runs, which only a grading that passed every required test has, put twins in their places.
   t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'test_slugify' in s
                                          and not twins.Site.parse(s).value],
+                          fail_to_pass=[p for p in t.fail_to_pass if 'test_stats' not in p],
                           sealed=[])  # The twins alone: a sealed assert hides what it peeks.
   source = (tree / t.file).read_text().replace('  raise NotImplementedError\n', PEEK, 1)
   g = grading.grade(t, graded, _solution(t, tree, source))

@@ -33,6 +33,10 @@ from research.tasks.task import Task
 # pytest's exit status when some tests failed: what the twins guarantee for an honest run.
 TESTS_FAILED = 1
 
+# Twin runs per run of a grading (each a pytest run of the whole suite): one puts a twin in the
+# place of every test that has an in-place twin; a test's further twins stay beside it.
+MOST_TWIN_RUNS = 1
+
 
 @dataclasses.dataclass
 class Planted:
@@ -235,7 +239,8 @@ def _graded(task: Task, tree: Path, patch: str, flags: list[str], rejected: list
                                                       isolate=isolate, uid=uid))
     separated = []  # (part, its twin runs' twins, its files' texts: real, then per twin run).
     for p in parts:
-      rounds = twins.rounds([t for t in planted.twins if t.nodeid in p.twins]) if twin_runs else []
+      rounds = twins.rounds([t for t in planted.twins if t.nodeid in p.twins],
+                            MOST_TWIN_RUNS) if twin_runs else []
       separated.append((p, rounds, twins.separated(p.tree, rounds)))
     away = {t.nodeid for _, rounds, _ in separated for r in rounds for t in r}
     run, run_flags, outcomes, unmet = _judged(
@@ -248,7 +253,7 @@ def _graded(task: Task, tree: Path, patch: str, flags: list[str], rejected: list
     not_passed = [t for t in task.fail_to_pass + task.pass_to_pass
                   if outcomes.get(t, 'missing') != testrun.PASSED]
     solved = not not_passed and run.finished
-    if solved and not flags and away:  # Only what would earn 1 is worth the twin runs.
+    if solved and away:  # Where a test failed, the twins change nothing: 0 in any case.
       twin_run, twin_flags, twin_outcomes = _twin_runs(runs, separated, planted, task, outcomes)
       if twin_run.fault:
         return Grade(twin_run.fault, flags, rejected, outcomes, run.wall_s, fault=twin_run.fault)

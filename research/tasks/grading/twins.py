@@ -792,14 +792,16 @@ def check(twins: list[Twin], outcomes: dict[str, str], finished: bool) -> list[s
   return flags
 
 
-def rounds(planted: list[Twin]) -> list[list[Twin]]:
-  """The in-place twins by twin run: each test's i-th twin in the i-th (a run holds a test once)."""
+def rounds(planted: list[Twin], most: int | None = None) -> list[list[Twin]]:
+  """The in-place twins by twin run, `most` runs at most: each test's i-th twin in the i-th (a run
+  holds a test once). Twins beyond stay beside their tests."""
   by_test = collections.defaultdict(list)
   for t in planted:
     if t.kind in IN_PLACE:
       by_test[t.site.test].append(t)
   depth = max(map(len, by_test.values()), default=0)
-  return [[ts[i] for ts in by_test.values() if i < len(ts)] for i in range(depth)]
+  return [[ts[i] for ts in by_test.values() if i < len(ts)]
+          for i in range(depth if most is None else min(most, depth))]
 
 
 def separated(tree: Path, runs: list[list[Twin]]) -> dict[str, list[str]]:
