@@ -7,7 +7,9 @@ plugins, caches and bytecode off, under rlimits, and reports each test through a
 harness; mutant twins of the required tests (research/tasks/grading/twins.py), which correct code fails,
 pytest's own summary and the exit status cross-check that report, and the runner's integrity
 checks look for in-process tampering after each test. A required test one of whose sealed answers
-another test holds runs alone, in a run of its own (research/tasks/grading/isolation.py).
+another test holds runs alone, in a run of its own (research/tasks/grading/isolation.py). Where
+every required test passed, twin runs follow, in which function twins stand in their tests'
+places (same names, files, lines, order): the real run and a twin run differ only there.
 """
 import dataclasses
 import os

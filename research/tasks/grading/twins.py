@@ -17,7 +17,10 @@ this by running the original against two twins per point and keeps the points wh
 
 A twin looks like any other test: an extra testsource.parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
-chosen test of the same module (or class), never appended. Names and values are drawn anew at
+chosen test of the same module (or class), never appended. At grading, a function twin of one
+point (IN_PLACE) then stands in its test's place, under its name and at its lines, in a run of
+its own (`rounds`, `separated`): nothing that reports a caller (name, file, line, order) tells it
+from the test there. Names and values are drawn anew at
 every grading, so code under test cannot tell the tests that decide the reward from the twins: a
 forger that makes every test pass also makes the twins pass, and code that returns what the
 calling assert expects returns the twin's mutated value. A twin that passes is tampering only
