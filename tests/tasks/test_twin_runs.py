@@ -43,7 +43,8 @@ READER = '''\
     return 0
   for node in ast.walk(tree):
     if getattr(node, 'lineno', None) == line and isinstance(node, (ast.Compare, ast.Call)):
-      for side in ([node.left, *node.comparators] if isinstance(node, ast.Compare) else node.args):
+      for side in ([node.left, *node.comparators] if isinstance(node, ast.Compare)
+                   else node.args[:2]):  # A checked test's sides, not the checks' arguments.
         try:
           return ast.literal_eval(side)
         except ValueError:

@@ -88,7 +88,7 @@ def _rt_answer(site, names, text):
     if isinstance(node, ast.Compare) and len(node.comparators) == 1:
       sides = (node.comparators[0], node.left)
     elif isinstance(node, ast.Call):
-      sides = node.args
+      sides = node.args[:2]  # A checked test's call: its sides, then the checks' arguments.
     else:
       continue
     for side in sides:
