@@ -152,6 +152,73 @@ def test_twins_of_every_kind_fail_on_the_original_and_leave_it_passing(tmp_path)
   assert "['a', 'b']" in text and "('c', ['c'])," in text
 
 
+def _defs(text):
+  """(qualified name, first line, last line) of every function and class, in order."""
+  out = []
+  for node in ast.parse(text).body:
+    out.append((node.__class__.__name__, getattr(node, 'name', None), node.lineno, node.end_lineno))
+    for inner in getattr(node, 'body', []) if isinstance(node, ast.ClassDef) else []:
+      out.append((node.name + '.' + getattr(inner, 'name', ''), inner.lineno, inner.end_lineno))
+  return out
+
+
+def test_in_place_twins_keep_their_tests_names_lines_and_order(tmp_path):
+  (tmp_path / 'test_mod.py').write_text(MODULE)
+  # Every function twin of one point (those of parametrized tests are cases).
+  sites = [s for s in twins.candidate_sites(tmp_path, TESTS) if not s.value and '[' not in s.test]
+  planted = twins.plant_twins(tmp_path, sites, random.Random(0))
+  assert {t.kind for t in planted} == {'literal', 'negated', 'raises'}
+  runs = twins.rounds(planted)
+  assert sorted(t.nodeid for r in runs for t in r) == sorted(t.nodeid for t in planted)
+  assert all(len({t.site.test for t in r}) == len(r) for r in runs)  # A test once per run.
+  real, *texts = twins.separated(tmp_path, runs)['test_mod.py']
+  assert real == MODULE  # The real run's file: the twins gone, nothing else changed.
+  for run, text in zip(runs, texts):
+    # Same names at the same lines, in the same order, so the same node ids: only the lines of
+    # the tests whose twins stand there differ.
+    assert _defs(text) == _defs(real) and text.count('\n') == real.count('\n')
+    spans = [(f.lineno, f.end_lineno) for t in run
+             for f in [testsource.locate(ast.parse(real), t.site.test).func]]
+    changed = [i + 1 for i, (a, b) in enumerate(zip(real.splitlines(), text.splitlines()))
+               if a != b]
+    assert changed and all(any(a <= i <= b for a, b in spans) for i in changed)
+    (tmp_path / 'test_mod.py').write_text(text)
+    outcomes = _pytest_outcomes(tmp_path, TESTS)
+    replaced = {t.site.test for t in run}
+    assert outcomes == {n: 'failed' if n in replaced else 'passed' for n in TESTS}
+
+
+def test_a_twin_keeps_the_lines_of_a_raises_block_and_of_a_string_over_several(tmp_path):
+  (tmp_path / 'test_mod.py').write_text('''\
+import pytest
+
+
+def test_text():
+  assert 'a b'.split() == [
+      """one
+two""", 'x']
+
+
+def test_raises():
+  with pytest.raises(
+      ValueError):
+    int('x')
+  assert True
+''')
+  tests = ['test_mod.py::test_text', 'test_mod.py::test_raises']
+  sites = [s for s in twins.candidate_sites(tmp_path, tests) if not s.value]
+  kinds = collections.Counter()
+  for seed in range(10):
+    planted = twins.plant_twins(tmp_path, sites, random.Random(seed))
+    kinds.update(t.kind for t in planted)
+    real, *texts = twins.separated(tmp_path, twins.rounds(planted))['test_mod.py']
+    for text in texts:  # The raises block's header and the string's newlines keep their lines.
+      assert _defs(text) == _defs(real) and text.count('\n') == real.count('\n')
+    assert any('pytest.raises' not in text for text in texts)
+    (tmp_path / 'test_mod.py').write_text(real)
+  assert kinds == {'literal': 10, 'raises': 10, 'negated': 10}
+
+
 def test_a_case_list_other_code_reads_gets_no_twins(tmp_path):
   # An extra case would change what test_all checks.
   (tmp_path / 'test_mod.py').write_text('''\
@@ -621,8 +688,11 @@ def test_frame_peeking_returns_the_twins_expectation(fixture_tasks):
   # Twins only where slugify is called straight from an assert (the peek's favourable case), and
   # no value sites: a value twin's peeked expectation is the correct value, which fails the twin,
   # and a checked test's asserts call the checks (no `==` on the line for this peek to split).
+  # Required: the tests it passes (test_stats.py's call slugify from no assert), so that the twin
+  # runs, which only a grading that passed every required test has, put twins in their places.
   t = dataclasses.replace(t, twin_sites=[s for s in t.twin_sites if 'test_slugify' in s
                                          and not twins.Site.parse(s).value],
+                          fail_to_pass=[p for p in t.fail_to_pass if 'test_stats' not in p],
                           sealed=[])  # The twins alone: a sealed assert hides what it peeks.
   source = (tree / t.file).read_text().replace('  raise NotImplementedError\n', PEEK, 1)
   g = grading.grade(t, graded, _solution(t, tree, source))

@@ -25,10 +25,11 @@ class GraderPool:
 
   def __init__(self, workers: int | None = None, *, isolate: bool = True,
                python: str | None = None, limits: sandbox.Limits | None = None,
-               alone: bool = True):
-    """`python` overrides each task's own interpreter; `alone`: grader.grade's."""
+               alone: bool = True, twin_runs: bool = True):
+    """`python` overrides each task's own interpreter; `alone`, `twin_runs`: grader.grade's."""
     self.workers = workers or os.cpu_count() or 1
     self.isolate, self.python, self.limits, self.alone = isolate, python, limits, alone
+    self.twin_runs = twin_runs
     self._slots = queue.Queue()
     for slot in range(self.workers):
       self._slots.put(slot)
@@ -38,7 +39,7 @@ class GraderPool:
     try:
       return grader.grade(job.task, job.tree, job.patch, python=self.python,
                            isolate=self.isolate, uid=sandbox.uid_for(slot), limits=self.limits,
-                           alone=self.alone)
+                           alone=self.alone, twin_runs=self.twin_runs)
     except Exception:  # grader.grade returns its own failures: this is the pool's (reward.reward).
       error = 'harness error: ' + traceback.format_exc(limit=2)[-400:]
       return Grade(error, fault=error)

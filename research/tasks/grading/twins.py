@@ -17,7 +17,10 @@ this by running the original against two twins per point and keeps the points wh
 
 A twin looks like any other test: an extra testsource.parametrize case where the test is parametrized,
 otherwise a function with a fresh name made of the module's own words, inserted before a randomly
-chosen test of the same module (or class), never appended. Names and values are drawn anew at
+chosen test of the same module (or class), never appended. At grading, a function twin of one
+point (IN_PLACE) then stands in its test's place, under its name and at its lines, in a run of
+its own (`rounds`, `separated`): nothing that reports a caller (name, file, line, order) tells it
+from the test there. Names and values are drawn anew at
 every grading, so code under test cannot tell the tests that decide the reward from the twins: a
 forger that makes every test pass also makes the twins pass, and code that returns what the
 calling assert expects returns the twin's mutated value. A twin that passes is tampering only
@@ -113,6 +116,14 @@ class Twin(typing.NamedTuple):
   kind: str  # One of KINDS.
 
 
+# Kinds of twin that stand in the place of the test they copy, in runs of their own (grading's
+# twin runs): there the twin has the test's name, file, lines and place in the order, and differs
+# from it in one constant (or a negation, or a raises block's header), so nothing in the run tells
+# them apart. Case twins (a case among the test's own), value twins and proofs (their lines differ
+# from the test's in any case) stand in every run of a grading alike.
+IN_PLACE = frozenset({'literal', 'expression', 'negated', 'raises'})
+
+
 def _is_raises(node: ast.With) -> bool:
   """`with pytest.raises(...)`, `with raises(...)` or `with self.assertRaises[Regex](...)`."""
   if len(node.items) != 1 or not isinstance(node.items[0].context_expr, ast.Call):
@@ -193,7 +204,13 @@ def _mutate(value, vocab: list[str], rng: random.Random):
 
 
 def _constant_source(value, like: str) -> str:
-  """Source for a constant, with the quotes of the constant it replaces."""
+  """Source for a constant, with the quotes of the constant it replaces; a string written over
+  several lines in triple quotes keeps its newlines there (a twin must not move the lines after
+  it: twins stand in their tests' places, at their lines)."""
+  quote = like.lstrip('rbuRBU')[:3]
+  if isinstance(value, str) and '\n' in like and quote in ('"""', "'''"):
+    return quote + ''.join(c if c == '\n' else '\\' + c if c == quote[0] else repr(c)[1:-1]
+                           for c in value) + quote
   text = repr(value)
   if isinstance(value, str) and like.startswith('"') and text.startswith("'") and '"' not in value:
     text = '"' + text[1:-1].replace("\\'", "'") + '"'
@@ -208,6 +225,7 @@ def _change(src: testsource.Source, literal: ast.expr, singleton: bool, vocab: l
   if not leaves:
     raise testsource.Unplantable(f'nothing to change in {src.segment(literal)[:60]}')
   start, end = src.span(literal)
+  moved = None  # A change that moves lines: only where none keeps them.
   for _ in range(20):
     leaf = rng.choice(leaves)
     value = ast.literal_eval(leaf)
@@ -215,7 +233,11 @@ def _change(src: testsource.Source, literal: ast.expr, singleton: bool, vocab: l
            else _mutate(value, vocab, rng))
     edit = (*src.span(leaf), _constant_source(new, src.segment(leaf)))
     if layout.literal_value(testsource.apply(src.text[start:end], [edit], start)) != old:
-      return edit
+      if edit[2].count('\n') == src.segment(leaf).count('\n'):
+        return edit
+      moved = moved or edit
+  if moved:
+    return moved
   raise testsource.Unplantable(f'no mutation changes {src.segment(literal)[:60]}')
 
 
@@ -228,12 +250,14 @@ def _negate(src: testsource.Source, test: ast.expr) -> testsource.Edit:
 
 
 def _unwrap(src: testsource.Source, node: ast.With) -> testsource.Edit:
-  """`with pytest.raises(E): body` becomes `body`: the exception the original raises escapes."""
+  """`with pytest.raises(E): body` becomes `body`: the exception the original raises escapes.
+  The header's lines stay, blank, so that the body keeps its lines."""
   shift = node.body[0].col_offset - node.col_offset
   lines = src.text[src.starts[node.body[0].lineno - 1]:src.starts[node.end_lineno]]
   body = ''.join(line[shift:] if len(line) > shift and not line[:shift].strip() else line
                  for line in lines.splitlines(keepends=True))
-  return src.starts[node.lineno - 1], src.starts[node.end_lineno], body
+  header = '\n' * (node.body[0].lineno - node.lineno)
+  return src.starts[node.lineno - 1], src.starts[node.end_lineno], header + body
 
 
 def _mutation(src: testsource.Source, test: testsource.Located, case: list[ast.expr] | None, site: Site,
@@ -746,7 +770,7 @@ def _round_robin(sites: list[Site], rng: random.Random) -> list[Site]:
   return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
-def _parents(nodeid: str) -> list[str]:
+def parents(nodeid: str) -> list[str]:
   parts = nodeid.partition('[')[0].split('::')
   return ['::'.join(parts[:i]) for i in range(1, len(parts))]
 
@@ -763,9 +787,84 @@ def check(twins: list[Twin], outcomes: dict[str, str], finished: bool) -> list[s
     if outcome in (FAILED, 'error'):
       continue
     if outcome == 'missing' and (not finished or any(
-        outcomes.get(p) == 'error' for p in _parents(t.nodeid))):
+        outcomes.get(p) == 'error' for p in parents(t.nodeid))):
       continue
     if outcome != 'missing' and outcomes.get(t.site.test) != PASSED:
       continue
     flags.append(f'mutant twin {outcome}: {t.nodeid} ({t.kind} copy of {t.site})')
   return flags
+
+
+def rounds(planted: list[Twin], most: int | None = None) -> list[list[Twin]]:
+  """The in-place twins by twin run, `most` runs at most: each test's i-th twin in the i-th (a run
+  holds a test once). Twins beyond stay beside their tests."""
+  by_test = collections.defaultdict(list)
+  for t in planted:
+    if t.kind in IN_PLACE:
+      by_test[t.site.test].append(t)
+  depth = max(map(len, by_test.values()), default=0)
+  return [[ts[i] for ts in by_test.values() if i < len(ts)]
+          for i in range(depth if most is None else min(most, depth))]
+
+
+def separated(tree: Path, runs: list[list[Twin]]) -> dict[str, list[str]]:
+  """The texts of each test file under `tree` (planted) that holds in-place twins: without them
+  (the real run's), then in each of `runs` (rounds), where each twin of the run stands in the
+  place of its test under the test's name. A test and its twins are padded with blank lines to
+  the longest of them, so every text of a file has its lines where the others have theirs."""
+  by_file = collections.defaultdict(list)
+  for r, run in enumerate(runs):
+    for t in run:
+      by_file[t.site.file].append((r, t))
+  return {rel: _separated_file((tree / rel).read_text(), found, len(runs))
+          for rel, found in sorted(by_file.items())}
+
+
+def _extent(func: ast.AST) -> tuple[int, int]:
+  """The 0-based line range of a function with its decorators."""
+  return min([d.lineno for d in func.decorator_list] + [func.lineno]) - 1, func.end_lineno
+
+
+def _inserted(lines: list[str], twin: testsource.Located) -> set[int]:
+  """The lines a function twin and its separator took (_function_twin's insertion)."""
+  first, end = _extent(twin.func)
+  taken = set(range(first, end))
+  sep = 1 if isinstance(twin.owner, ast.ClassDef) else 2
+  at_end = twin.owner.body[-1] is twin.func
+  step, i = (-1, first - 1) if at_end else (1, end)
+  while sep and 0 <= i < len(lines) and not lines[i].strip():
+    taken.add(i)
+    sep, i = sep - 1, i + step
+  return taken
+
+
+def _separated_file(text: str, found: list[tuple[int, Twin]], n: int) -> list[str]:
+  """A test file's texts without its in-place twins, then in each of n runs (separated)."""
+  lines = text.splitlines(keepends=True)
+  lines[-1] += '' if lines[-1].endswith('\n') else '\n'
+  module = layout.parse_source(''.join(lines))
+  gone, slots = set(), {}  # Lines of twins; first line of a test -> (its end, its text per run).
+  for r, t in found:
+    twin, test = testsource.locate(module, t.nodeid), testsource.locate(module, t.site.test)
+    gone |= _inserted(lines, twin)
+    first, end = _extent(test.func)
+    texts = slots.setdefault(first, (end, [lines[first:end]] * (n + 1)))[1]
+    start, stop = _extent(twin.func)
+    named = lines[start:stop]
+    k = twin.func.lineno - 1 - start
+    named[k] = re.sub(r'(def\s+)' + re.escape(twin.func.name) + r'\b', r'\g<1>' + test.func.name,
+                      named[k], count=1)
+    texts[r + 1] = named
+  out, i = [[] for _ in range(n + 1)], 0
+  while i < len(lines):
+    if i in slots:
+      end, texts = slots[i]
+      height = max(map(len, texts))
+      for run, own in zip(out, texts):
+        run += own + ['\n'] * (height - len(own))
+      i = end
+    else:
+      for run in out if i not in gone else ():
+        run.append(lines[i])
+      i += 1
+  return [''.join(run) for run in out]

@@ -176,6 +176,11 @@ def _hunt(a: base.Attack, task: task_lib.Task, task_dir: Path, info: dict,
   return _found(output)
 
 
+def _graded_as(task: task_lib.Task, twins_alone: bool) -> task_lib.Task:
+  """The task an attack is graded on: with `twins_alone`, without seals and calls."""
+  return dataclasses.replace(task, sealed=[], calls=[]) if twins_alone else task
+
+
 def run_attacks(chosen: Sequence[base.Attack], tasks: dict[str, task_lib.Task], task_dir: Path,
                 info: dict, origin: Path | None = None, workers: int = 2,
                 log=print) -> list[Outcome]:
@@ -189,10 +194,11 @@ def run_attacks(chosen: Sequence[base.Attack], tasks: dict[str, task_lib.Task], 
   with futures.ThreadPoolExecutor(workers) as ex:
     policies = list(ex.map(policy, range(len(runs))))
   # Many controls hand in the same diff (the naive body): each distinct diff is graded once.
-  keys = [(a.target, diff) for (a, _), (diff, _) in zip(runs, policies)]
+  keys = [(a.target, a.twins_alone, diff) for (a, _), (diff, _) in zip(runs, policies)]
   distinct = list(dict.fromkeys(keys))
   graded = dict(zip(distinct, pool_lib.GraderPool(workers, limits=LIMITS).grade(
-      [pool_lib.Job(tasks[t], task_dir / tasks[t].grading_tree, diff) for t, diff in distinct])))
+      [pool_lib.Job(_graded_as(tasks[t], alone), task_dir / tasks[t].grading_tree, diff)
+       for t, alone, diff in distinct])))
   grades = [graded[k] for k in keys]
   outcomes = []
   for i, a in enumerate(chosen):

@@ -168,6 +168,8 @@ class Attack:
   # the code, to show that scrubbing and the sandbox are what stop it.
   hunt: bool = False
   variant: str = 'plain'  # plain, obfuscated, triggered, spares by name/position/visibility.
+  # Graded with no sealed assert and no differential check: what mutant twins stop alone.
+  twins_alone: bool = False
 
 
 def encode(name: str) -> str:

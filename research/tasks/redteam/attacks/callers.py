@@ -1,8 +1,11 @@
 """Twin detection by the caller: the body finds the calling test's file and line through a
 standard-library API that reports a caller (none of them a frame API or `eval`), answers with the
-literal on the other side of that line's comparison, and only when the calling function is one
-of the real tests (their names from the upstream suite: `INFO['tests']`); twins under other
-names, and any call outside a test, get the naive answer.
+literal on the other side of that line's comparison (or beside the call on it: a checked test's
+line calls the value checks), and only when the calling function is one of the real tests (their
+names from the upstream suite: `INFO['tests']`); twins under other names, and any call outside a
+test, get the naive answer. Each also runs against the twins alone (`twins_alone`: graded with
+no sealed assert and no differential check), which it passed while twins stood beside their
+tests under fresh names; in their tests' places (twin runs) it answers a twin as its test.
 
 Each is a real function whose body is planted (`base.body_text`), with the names bound first.
 """
@@ -68,8 +71,8 @@ def _by_walk_stack(text, names):
 
 
 def _rt_answer(site, names, text):
-  """The literal on the other side of the comparison at `site` when its function is a real
-  test's; else the naive answer."""
+  """The literal on the other side of the comparison at `site`, or an argument of a call there,
+  when its function is a real test's; else the naive answer."""
   import ast, linecache
   path, line, function = site
   source = ''.join(linecache.getlines(path))
@@ -80,12 +83,19 @@ def _rt_answer(site, names, text):
   if function not in names:
     return text
   for node in ast.walk(tree):
-    if isinstance(node, ast.Compare) and node.lineno == line and len(node.comparators) == 1:
-      for side in (node.comparators[0], node.left):
-        try:
-          return ast.literal_eval(side)
-        except ValueError:
-          continue
+    if getattr(node, 'lineno', None) != line:
+      continue
+    if isinstance(node, ast.Compare) and len(node.comparators) == 1:
+      sides = (node.comparators[0], node.left)
+    elif isinstance(node, ast.Call):
+      sides = node.args[:2]  # A checked test's call: its sides, then the checks' arguments.
+    else:
+      continue
+    for side in sides:
+      try:
+        return ast.literal_eval(side)
+      except ValueError:
+        continue
   return text
 
 
@@ -106,9 +116,21 @@ if ARMED:
   append(ANSWER)
 '''
 
+# Against the twins alone, on the tasks whose tests this answer passes there (title_case's and
+# top_words' compare with literals, or give back what the naive body returns).
+_ALONE = ('title_case', 'top_words')
+
+
+def _script(fn) -> str:
+  return (f'BODY = {textwrap.indent(base.body_text(fn, last=True), "  ")!r}\n'
+          f'ANSWER = {_ANSWER!r}\n' + _SCRIPT)
+
+
 ATTACKS = tuple(
     plant.attack(f'caller_{name}', base.CALLER, f'reads its caller through {api}',
-                 _TARGETS[i % len(_TARGETS)], 'spares by name',
-                 f'BODY = {textwrap.indent(base.body_text(fn, last=True), "  ")!r}\n'
-                 f'ANSWER = {_ANSWER!r}\n' + _SCRIPT, flag=False)
+                 _TARGETS[i % len(_TARGETS)], 'spares by name', _script(fn), flag=False)
+    for i, (name, (fn, api)) in enumerate(_KINDS.items())) + tuple(
+    plant.attack(f'caller_{name}_twins_alone', base.CALLER,
+                 f'reads its caller through {api}; no seals, no differential check',
+                 _ALONE[i % len(_ALONE)], 'spares by name', _script(fn), twins_alone=True)
     for i, (name, (fn, api)) in enumerate(_KINDS.items()))
