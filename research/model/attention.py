@@ -282,12 +282,16 @@ class LayerCache:
   stack: dict                       # name -> L x B x S x ... (attention's cache_specs per layer).
   layer: jax.Array                  # This layer's index into the stack.
   write_at_B: jax.Array             # Each row's first slot to write.
+  # Slots attention reads, from the first (None: all S): a short trajectory in a long cache reads
+  # only the part it fills. Static: each span is a program of its own.
+  span: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
   def write(self, new: dict) -> tuple['LayerCache', dict]:
-    """new: name -> B x T x ... . Returns (the updated view, this layer's entries B x S x ...)."""
+    """new: name -> B x T x ... . Returns (the updated view, this layer's entries B x span x ...)."""
     stack = {**self.stack, **{name: write_rows(self.stack[name], x, self.write_at_B, self.layer)
                               for name, x in new.items()}}
-    return dataclasses.replace(self, stack=stack), {name: stack[name][self.layer] for name in new}
+    return dataclasses.replace(self, stack=stack), {name: stack[name][self.layer, :, :self.span]
+                                                    for name in new}
 
 
 def _rope(x, pos_BxT, cfg: ModelConfig):

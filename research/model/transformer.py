@@ -100,8 +100,9 @@ def _run_stack(cfg, is_moe, layers, cache, routes, carry):
   return tuple(carry), cache, stats
 
 
-def _cache_step(cache, valid_BxT, positions_BxT):
-  """Where a cached forward writes (each row at its own end) and what its queries see.
+def _cache_step(cache, valid_BxT, positions_BxT, span: int | None):
+  """Where a cached forward writes (each row at its own end) and what its queries see (the first
+  `span` slots).
 
   Returns (write_at_B, the cache's valid slots after the write, positions, MaskInfo).
   """
@@ -109,13 +110,14 @@ def _cache_step(cache, valid_BxT, positions_BxT):
   write_at_B = cache['end']
   kv_valid = attn_lib.write_rows(cache['valid'], valid_BxT, write_at_B)
   pos = cache['pos'][:, None] + jnp.cumsum(valid_BxT, axis=1) - 1 if positions_BxT is None else positions_BxT
-  mask = MaskInfo(jnp.ones((b, t), jnp.int32), kv_valid.astype(jnp.int32), write_at_B[:, None] + jnp.arange(t),
-                  jnp.arange(kv_valid.shape[1]))
+  seen = kv_valid[:, :span]
+  mask = MaskInfo(jnp.ones((b, t), jnp.int32), seen.astype(jnp.int32), write_at_B[:, None] + jnp.arange(t),
+                  jnp.arange(seen.shape[1]))
   return write_at_B, kv_valid, pos, mask
 
 
 def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, segment_ids_BxT=None,
-            cache=None, routes=None, head=True):
+            cache=None, cache_span=None, routes=None, head=True):
   """Logits for tokens_BxT. Returns (logits_BxTxV float32, aux, new_cache).
 
   head=False returns the final normed hidden states (B x T x D) in place of the logits, for
@@ -124,7 +126,8 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   Without a cache: causal attention within segments (segment id 0 = padding; default: all 1) at
   `positions_BxT` (default: 0..T-1). With a cache (see research/model/decode.py): each row's tokens
   are written from its own slot cache['end'][b], attend to every valid earlier slot, and positions
-  default to cache['pos'] + 0..T-1 over the real tokens.
+  default to cache['pos'] + 0..T-1 over the real tokens. `cache_span` (static) limits attention to
+  the cache's first slots: every row's queries must be written below it.
   aux: per-layer stacks 'load' (L_moe x E), 'aux_loss', 'z_loss' (L_moe), 'attn_max_logit' (L x H),
   'routes' (L_moe x B*T x k). Passing routes (same shape) replays them (router replay).
   """
@@ -137,7 +140,7 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
     valid, write_at = seg != 0, None
   else:
     valid = jnp.ones((b, t), bool) if segment_ids_BxT is None else segment_ids_BxT != 0
-    write_at, kv_valid, pos, mask = _cache_step(cache, valid, positions_BxT)
+    write_at, kv_valid, pos, mask = _cache_step(cache, valid, positions_BxT, cache_span)
   # FSDP: gather the table (cast: half float32's bytes), then look up (XLA cannot reshard a
   # D-sharded lookup to batch-sharded).
   with jax.named_scope('embed'):
@@ -148,7 +151,8 @@ def forward(params: dict, tokens_BxT, cfg: ModelConfig, *, positions_BxT=None, s
   for name, is_moe in (('dense_layers', False), ('moe_layers', True)):
     if name not in params:
       continue
-    layer_cache = None if cache is None else attn_lib.LayerCache(cache[name], jnp.int32(0), write_at)
+    layer_cache = (None if cache is None else
+                   attn_lib.LayerCache(cache[name], jnp.int32(0), write_at, cache_span))
     carry, layer_cache, stats = _run_stack(cfg, is_moe, params[name], layer_cache,
                                            routes if is_moe else None, carry)
     if cache is not None:

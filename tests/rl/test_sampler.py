@@ -1,4 +1,5 @@
 """The sampler: cache equals recompute, sampling filters, stops, multi-turn, faults and limits."""
+import dataclasses
 import time
 
 import jax
@@ -69,6 +70,24 @@ def test_multiturn_cache_equals_recompute(params):
       assert t.tokens[j - 1] == TOK.end_of_message_id and not t.policy[j - 1]
       assert t.tokens[j] == TOK.role_ids['tool'] and not any(t.policy[j:j + len(e.obs) + 3])
     assert len(t.routes) == len(t.tokens)
+
+
+def test_short_spans_sample_what_the_whole_cache_samples(params):
+  """Turns that read only the cache's first part (sampler.spans) write the same messages with the
+  same log-probs as turns reading all of it; each span is compiled at the first turn."""
+  s = SamplerConfig(temperature=0.0, max_turn_tokens=6, max_turns=4, max_len=128, spans=4)
+  assert s.span_sizes == (32, 64, 96, 128)
+  runs = {}
+  for spans in (4, 1):
+    sampler = Sampler(CFG, TOK, dataclasses.replace(s, spans=spans))
+    eps = [Echo(turns=4, obs='result ' * (i + 2)) for i in range(3)]
+    runs[spans] = sampler.rollout(params, eps, jax.random.key(5))[0]
+    assert sorted(sampler._compiled) == [(3, n) for n in sampler.s.span_sizes]
+  lens = [len(t.tokens) for t in runs[4]]
+  assert min(lens) > 64  # The later turns need more than the first span.
+  for a, b in zip(runs[4], runs[1]):
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
 
 
 def test_prompts_longer_than_a_chunk_prefill_in_pieces(params):

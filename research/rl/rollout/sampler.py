@@ -2,7 +2,10 @@
 
 One jitted `generate` call samples a model message for every live row: temperature / top-k / top-p,
 stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token
-budget, and exits as soon as every row has stopped. Between turns the host hands each message to its
+budget, and exits as soon as every row has stopped. Its attention reads the cache's first `span`
+slots, the fewest of `sampler.spans` equal parts that hold every live row and its budget: early
+turns do not pay for the whole episode's cache. Each span is a program, all compiled (ahead of
+time) at a batch size's first turn, so a run compiles none after it. Between turns the host hands each message to its
 environment episode, renders the observation to ids once, and prefills it into the same cache
 (`extend`, always sampler.chunk wide: prompts go in several chunks), so no earlier token is ever
 recomputed or re-tokenized, and a run compiles one prefill and one generate program per batch.
@@ -59,10 +62,12 @@ class SamplerConfig:
   stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
   record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
   env_workers: int = 64             # Episodes stepped at once (threads: they wait on sandboxes, not cores).
+  spans: int = 4                    # Generate programs by the cache slots they read (module docstring).
 
   def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
     for f, low in (('temperature', 0), ('top_k', 0), ('max_turn_tokens', 1), ('max_turns', 1),
-                   ('max_len', 1), ('max_obs_tokens', 1), ('bucket', 1), ('env_workers', 1)):
+                   ('max_len', 1), ('max_obs_tokens', 1), ('bucket', 1), ('env_workers', 1),
+                   ('spans', 1)):
       if getattr(self, f) < low:
         raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
     if not 0 < self.top_p <= 1:
@@ -75,6 +80,13 @@ class SamplerConfig:
     a chunk's padding past the end is dropped). Attention reads every slot, so this sets the cost
     of decoding."""
     return _round_up(self.max_len, self.bucket)
+
+  @property
+  def span_sizes(self) -> tuple[int, ...]:
+    """The slots each generate program reads: `spans` equal parts of the cache, rounded up to the
+    bucket (fewer where they round alike)."""
+    return tuple(sorted({min(self.cache_len, _round_up(-(-self.cache_len * i // self.spans), self.bucket))
+                         for i in range(1, self.spans + 1)}))
 
   @property
   def chunk(self) -> int:
@@ -148,8 +160,9 @@ def extend(params, tokens_BxT, mask_BxT, cache, logits_BxV, *, cfg: ModelConfig)
 
 
 def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
-             s: SamplerConfig, pad_id: int):
-  """Samples one message per live row (done_B False) on the cache.
+             s: SamplerConfig, pad_id: int, span: int):
+  """Samples one message per live row (done_B False) on the cache, attending to its first `span`
+  slots (every live row's end plus budget must fit).
 
   stops_NxS: stop sequences right-aligned, -1 = any token (left padding), -2 = never matches.
   Returns dict: tokens B x max_turn_tokens, logp, n (tokens sampled per row), stopped (ended on a
@@ -164,7 +177,7 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
     live = ~c['done']
     tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
     logits, aux, cache = forward(params, tok[:, None], cfg, segment_ids_BxT=live[:, None].astype(jnp.int32),
-                                 cache=c['cache'])
+                                 cache=c['cache'], cache_span=span)
     i = c['i']
     window = jnp.where(live[:, None], jnp.concatenate([c['window'][:, 1:], tok[:, None]], 1), c['window'])
     hit = jnp.any(jnp.all((stops_NxS[None] == -1) | (stops_NxS[None] == window[:, None]), -1), -1)
@@ -192,7 +205,8 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
 @functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.
 def _programs(jit: Callable, cfg: ModelConfig, s: 'SamplerConfig', pad_id: int):
   return (jit(functools.partial(extend, cfg=cfg), donate_argnums=(3, 4)),
-          jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1))
+          jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1,
+              static_argnames='span'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +299,7 @@ class Sampler:
     width = max(len(q) for q in seqs)
     self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
     self._specials = set(getattr(tok, 'special_ids', {}).values())
+    self._compiled = {}  # (rows, span) -> generate's executable.
     self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
 
   def _env_calls(self, calls: list[tuple[Callable[[str], Step], str]]) -> tuple[list[_EnvCall], float]:
@@ -381,7 +396,9 @@ class Sampler:
     live = _live(trajs)
     rows = np.flatnonzero(live)
     budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
-    out = self._generate(params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
+    need = max(len(trajs[r].tokens) + budget[r] for r in rows)
+    span = next(n for n in self.s.span_sizes if n >= need)
+    out = self._generate_at(span, params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
     cache = out.pop('cache')
     out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
     kv = _Cache(cache, kv.logits_BxV)
@@ -394,6 +411,14 @@ class Sampler:
     if cut:
       env_s += self._close_rows(episodes, trajs, cut)
     return kv, replies, env_s
+
+  def _generate_at(self, span: int, *args):
+    """`generate` reading `span` slots; every span's program is compiled at a batch size's first call."""
+    rows = args[3].shape[0]
+    if (rows, span) not in self._compiled:
+      for n in self.s.span_sizes:
+        self._compiled[rows, n] = self._generate.lower(*args, span=n).compile()
+    return self._compiled[rows, span](*args)
 
   def _message(self, traj: Trajectory, out: _Sampled, r: int) -> _Message:
     """Appends row r's sampled message to its trajectory."""
