@@ -5,6 +5,7 @@ Everything outside the listed binds is invisible. The command runs as an unprivi
 (only head and tail kept), a wall-clock limit that kills the whole process tree, and a seccomp
 filter that denies the kernel keyrings (the one store a uid's runs share).
 """
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -217,13 +218,15 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
         limits: Limits = Limits(), stdin: bytes = b'', uid: int | None = None,
         isolate: bool = True, pass_fds: Sequence[int] = (),
         hide: Sequence[str | os.PathLike] = (), watch: Callable[[], bool] | None = None,
-        watch_s: float = 1.0) -> Completed:
+        watch_s: float = 1.0, stop: threading.Event | None = None) -> Completed:
   """Runs argv with only `ro` (read-only) and `rw` binds visible, at their host paths.
 
   `pass_fds` stay open in the command at the same numbers (e.g. a pipe the harness reads).
   `hide` are directories inside the binds that appear empty (e.g. python_hidden).
   `watch` is asked every `watch_s` while the command runs; True kills it (e.g. a work area that
   outgrew its budget: the file-size limit bounds each file, not how many).
+  `stop`, set by another thread while the command runs, kills it at once (e.g. a harness that has
+  read from a pipe all it needs); run sets it too, as the command ends.
 
   With isolate=False the same command runs as a plain subprocess under the same rlimits and
   wall clock, for comparison (it sees the whole machine).
@@ -264,7 +267,7 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
     proc.stdin.close()
   except BrokenPipeError:
     pass  # The command exited without reading its input; its exit status says why.
-  timed_out = _wait(proc, start + limits.wall_s, watch, watch_s)
+  timed_out = _wait(proc, start + limits.wall_s, watch, watch_s, stop)
   reader.join()
   proc.stdout.close()
   text = output.text()
@@ -273,21 +276,25 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
 
 
 def _wait(proc: subprocess.Popen, deadline: float, watch: Callable[[], bool] | None,
-          watch_s: float) -> bool:
+          watch_s: float, stop: threading.Event | None) -> bool:
   """Waits for `proc` until `deadline` (perf_counter), asking `watch` every `watch_s`; kills it
-  when time is up or `watch` says so. Returns whether the wall clock ran out."""
+  when time is up, `watch` says so or `stop` is set. Returns whether the wall clock ran out."""
+  wake = stop or threading.Event()
+  # A thread blocked in waitpid wakes this one as the command ends (Popen.wait with a timeout
+  # polls, and notices an end up to 50 ms late).
+  threading.Thread(target=lambda: (proc.wait(), wake.set()), daemon=True).start()
   while True:
     left = deadline - time.perf_counter()
-    try:
-      proc.wait(timeout=max(min(left, watch_s) if watch else left, 0))
+    wake.wait(max(min(left, watch_s) if watch else left, 0))
+    if proc.poll() is not None:
       return False
-    except subprocess.TimeoutExpired:
-      timed_out = left <= watch_s or not watch
-      if timed_out or watch():
-        # Killing bwrap kills the namespace's init, which takes every process inside with it.
+    timed_out = time.perf_counter() >= deadline
+    if timed_out or wake.is_set() or watch and watch():
+      # Killing bwrap kills the namespace's init, which takes every process inside with it.
+      with contextlib.suppress(ProcessLookupError):  # The command ended meanwhile.
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return timed_out
+      proc.wait()
+      return timed_out
 
 
 def _chown_tree(root: str, uid: int) -> None:

@@ -106,7 +106,7 @@ def _run_flags(run: testrun.TestRun, runs: list[testrun.TestRun], held: list[fro
   flags += seal_flags
   outcomes = {n: 'failed' if n in unmet and o == testrun.PASSED else o
               for n, o in run.outcomes.items()}
-  flags += twins.check(judged, {**known, **outcomes}, run.finished)
+  flags += twins.check(judged, {**known, **outcomes}, run.finished or run.stopped)
   flags += [f'value checks answered wrongly where `a == b` held: {s.test}' for s in planted.checked
             if value_check.FAILED.search(run.failures.get(s.test, ''))]
   in_pytest = {t.nodeid for t in judged if t.nodeid not in planted.sealing.sealed_twins}
@@ -166,13 +166,15 @@ class _Runs:
   planted tree, with some test files' texts written in: in a root of its own made like every
   other run's (`/tmp/grade-*`, the part's paths below it), its files' times those of the copy,
   under the same uid and environment. The real run and the twin runs of a part then differ only
-  in the texts, which differ only where a twin stands in its test's place."""
+  in the texts, which differ only where a twin stands in its test's place, up to where a twin run
+  is stopped: once the tests of `until` (the task's node ids) have reported."""
   task: Task
   scratch: Path  # The grading's: the parts' trees lie below it.
   sealing: seal.Sealing
   kwargs: dict  # run_pytest's python, limits, isolate, uid.
 
-  def __call__(self, part: isolation.Part, texts: dict[str, str]) -> testrun.TestRun:
+  def __call__(self, part: isolation.Part, texts: dict[str, str],
+               until: frozenset[str] = frozenset()) -> testrun.TestRun:
     root = Path(tempfile.mkdtemp(prefix='grade-', dir=self.scratch.parent))
     try:
       tree = root / part.tree.relative_to(self.scratch)
@@ -184,7 +186,7 @@ class _Runs:
       return restored(testrun.run_pytest(
           tree, part.files, python_path=self.task.python_path, site_dirs=self.task.site_dirs,
           config_file=self.task.config_file, scratch=root / part.scratch.relative_to(self.scratch),
-          **self.kwargs), self.sealing)
+          until=frozenset(self.sealing.run_ids(until)), **self.kwargs), self.sealing)
     finally:
       shutil.rmtree(root, ignore_errors=True)
 
@@ -213,12 +215,14 @@ def _judged(runs: list[testrun.TestRun], held: list[frozenset[str]], judged: lis
 def _twin_runs(runs: _Runs, separated: list, planted: Planted, task: Task,
                known: dict[str, str]) -> tuple[testrun.TestRun, list[str], dict[str, str]]:
   """Each part's twin runs, in which its in-place twins stand in their tests' places (`known`:
-  the real runs' outcomes): the run merged (faults and all), its problems and flags, and the
-  twins' outcomes."""
+  the real runs' outcomes), each stopped once its twins have reported (what follows cannot change
+  their verdicts): the run merged (faults and all), its problems and flags, and the twins'
+  outcomes."""
   done, held = [], []
   for part, rounds, texts in separated:
     for r, round_twins in enumerate(rounds):
-      done.append(_as_twins(runs(part, {rel: t[r + 1] for rel, t in texts.items()}), round_twins))
+      done.append(_as_twins(runs(part, {rel: t[r + 1] for rel, t in texts.items()},
+                                 frozenset(t.site.test for t in round_twins)), round_twins))
       held.append(frozenset(t.nodeid for t in round_twins))
   judged = [t for _, rounds, _ in separated for r in rounds for t in r]
   run, flags, outcomes, _ = _judged(done, held, judged, planted, task, known)
@@ -261,7 +265,7 @@ def _graded(task: Task, tree: Path, patch: str, flags: list[str], rejected: list
         return Grade(twin_run.fault, flags, rejected, outcomes, run.wall_s, fault=twin_run.fault)
       flags += twin_flags
       outcomes.update(twin_outcomes)
-      solved = twin_run.finished
+      solved = twin_run.finished or twin_run.stopped
       run = dataclasses.replace(run, wall_s=run.wall_s + twin_run.wall_s)
     reason = _reason(flags, not_passed, outcomes, unmet, run) if solved or flags or not_passed else (
         f'a twin run ended early (exit {twin_run.returncode}'

@@ -422,6 +422,11 @@ class Sealing:
     """`by_test` (outcomes, records, ...) keyed by the node ids the task knows."""
     return {self.names.get(n, n): v for n, v in by_test.items()}
 
+  def run_ids(self, nodeids) -> list[str]:
+    """The node ids the task knows as a run names them (restore's inverse)."""
+    ids = {task: run for run, task in self.names.items()}
+    return [ids.get(n, n) for n in nodeids]
+
 
 def seal_asserts(tree: Path, functions: dict[str, list[int]], planted: list[twins.Twin],
                  rng: random.Random) -> Sealing:

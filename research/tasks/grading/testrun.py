@@ -49,6 +49,9 @@ class TestRun:
   # What each test's sealed asserts recorded ([token, encoding] pairs; research/tasks/grading/seal.py).
   seals: dict[str, list]
   coverage_file: Path | None = None
+  # The harness ended it once the tests it awaited had reported (their outcomes then final): its
+  # report ends there, and the checks of a finished run do not apply.
+  stopped: bool = False
 
 
 def _final_outcome(phases: dict[str, dict]) -> str:
@@ -93,15 +96,21 @@ def _readable(event) -> bool:
           and all(event[k] in _VALUES[k] for k in fields if k in _VALUES))
 
 
+def _event(line: str) -> dict | None:
+  """The event a report line holds, or None where it does not read."""
+  try:
+    event = json.loads(line)
+  except (ValueError, RecursionError):  # RecursionError: a line nested past the parser's depth.
+    return None
+  return event if _readable(event) else None
+
+
 def read_report(data: bytes) -> tuple[list[dict], list[str]]:
   """Events in order, and problems with lines that do not read or are out of sequence."""
   events, problems = [], []
   for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
-    try:
-      event = json.loads(line)
-    except (ValueError, RecursionError):  # RecursionError: a line nested past the parser's depth.
-      event = None
-    if not _readable(event):
+    event = _event(line)
+    if event is None:
       problems.append(f'report line {i} does not read')
     elif event.get('seq') != len(events):
       problems.append(f'report line {i} out of sequence')
@@ -186,11 +195,14 @@ def cross_check(outcomes: dict[str, str], output: str, returncode: int) -> list[
 
 def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, out: Path,
                python: str, site_dirs: list[str], limits: sandbox.Limits, uid: int | None,
-               isolate: bool) -> tuple[sandbox.Completed, bytes, list[str]]:
-  """Runs the runner with a report pipe; (how it ended, the report, problems with the pipe)."""
+               isolate: bool, until: frozenset[str]
+               ) -> tuple[sandbox.Completed, bytes, list[str], bool]:
+  """Runs the runner with a report pipe; (how it ended, the report, problems with the pipe,
+  whether it was stopped once every test of `until` had reported)."""
   read_fd, write_fd = os.pipe()
-  report = bytearray()
-  reader = threading.Thread(target=_drain, args=(read_fd, report), daemon=True)
+  report = _Report()
+  stop = threading.Event()
+  reader = threading.Thread(target=_drain, args=(read_fd, report, until, stop), daemon=True)
   reader.start()
   try:
     (harness / 'config.json').write_text(json.dumps({**config, 'report_fd': write_fd}))
@@ -198,21 +210,48 @@ def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, o
     done = sandbox.run(command, cwd=tree,
                        ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
                        rw=[out], env=env, limits=limits, uid=uid, isolate=isolate,
-                       pass_fds=(write_fd,), hide=sandbox.python_hidden(python))
+                       pass_fds=(write_fd,), hide=sandbox.python_hidden(python),
+                       stop=stop if until else None)
   finally:
     os.close(write_fd)
   reader.join(timeout=10)
   problems = ['report pipe held open after the run'] if reader.is_alive() else []
-  if len(report) >= _REPORT_BYTES:
+  if len(report.data) >= _REPORT_BYTES:
     problems.append(f'report larger than {_REPORT_BYTES} bytes')
-  return done, bytes(report), problems
+  return done, bytes(report.data), problems, report.stopped
 
 
-def _drain(fd: int, into: bytearray) -> None:
+@dataclasses.dataclass
+class _Report:
+  """What the report pipe brought, and whether the harness stopped the run there."""
+  data: bytearray = dataclasses.field(default_factory=bytearray)
+  stopped: bool = False
+
+
+def _drain(fd: int, report: _Report, until: frozenset[str], stop: threading.Event) -> None:
+  """Reads the pipe to its end into `report`. With `until`, the report ends after the line where
+  the last of those tests has reported its teardown and its integrity check, and `stop` is set:
+  their outcomes are final there (lines and events read as read_report reads them)."""
+  into = report.data
+  left = {(n, step) for n in until for step in ('teardown', 'check')}
+  start, seq = 0, 0
   with open(fd, 'rb', buffering=0) as f:
     while chunk := f.read(1 << 16):
-      if len(into) < _REPORT_BYTES:
-        into += chunk
+      if len(into) >= _REPORT_BYTES or report.stopped:
+        continue
+      into += chunk
+      while left and (end := into.find(b'\n', start)) >= 0:
+        for line in into[start:end + 1].decode('utf-8', 'replace').splitlines():
+          event = _event(line)
+          if event is not None and event['seq'] == seq:
+            seq += 1
+            left.discard((event.get('nodeid'), 'check' if event['kind'] == 'check' else
+                          event['when'] if event['kind'] == 'test' else None))
+        start = end + 1
+      if until and not left:
+        del into[start:]
+        report.stopped = True
+        stop.set()
 
 
 def pytest_args(tree: Path, args: list[str], config_file: str | None) -> list[str]:
@@ -236,9 +275,10 @@ def _runner_config(tree: Path, args: list[str], config_file: str | None, python_
           'coverage_source': [str(tree / s) for s in coverage_source or ()]}
 
 
-def _verdict(done: sandbox.Completed, marker: str, kinds: dict, outcomes: dict[str, str]
-             ) -> tuple[str | None, bool, list[str]]:
-  """(the harness's fault or None, whether the session finished, problems) of a finished sandbox."""
+def _verdict(done: sandbox.Completed, marker: str, kinds: dict, outcomes: dict[str, str],
+             stopped: bool) -> tuple[str | None, bool, list[str]]:
+  """(the harness's fault or None, whether the session finished, problems) of a finished sandbox
+  (`stopped`: by the harness, its report cut where the tests it awaited had reported)."""
   # Only what happens before the runner starts is the harness's fault: after that, the code
   # under test runs, and a crash or a timeout is its own (masking those would reward them).
   fault, problems = None, []
@@ -263,7 +303,7 @@ def _verdict(done: sandbox.Completed, marker: str, kinds: dict, outcomes: dict[s
         kinds['session_finish'][-1]['exitstatus'] != done.returncode):
       problems.append(f'exit status {done.returncode} does not match the report')
     problems += cross_check(outcomes, done.output, done.returncode)
-  elif done.returncode == 0 and not fault:
+  elif done.returncode == 0 and not fault and not stopped:
     problems.append('exit status 0 before the test session finished')
   return fault, finished, problems
 
@@ -271,8 +311,11 @@ def _verdict(done: sandbox.Completed, marker: str, kinds: dict, outcomes: dict[s
 def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[str],
                site_dirs: list[str], config_file: str | None, limits: sandbox.Limits,
                isolate: bool = True, uid: int | None = None,
-               coverage_source: list[str] | None = None, scratch: Path) -> TestRun:
-  """Runs pytest on `tree` (read-only) in a sandbox; results go to `scratch` (outside the tree)."""
+               coverage_source: list[str] | None = None, scratch: Path,
+               until: frozenset[str] = frozenset()) -> TestRun:
+  """Runs pytest on `tree` (read-only) in a sandbox; results go to `scratch` (outside the tree).
+  With `until` (node ids), the run is stopped once each of those tests has reported its teardown
+  and its integrity check, unless it ended before."""
   harness, out = scratch / 'harness', scratch / 'out'
   harness.mkdir()
   out.mkdir()
@@ -280,13 +323,13 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   config = _runner_config(tree, args, config_file, python_path, site_dirs, out, coverage_source)
   # pytest's own summary, printed last, must survive the output cut for the cross-check.
   limits = dataclasses.replace(limits, output_kb=max(limits.output_kb, _OUTPUT_KB))
-  done, report, problems = _sandboxed(
+  done, report, problems, stopped = _sandboxed(
       [python, '-I', '-B', str(harness / 'runner.py'), str(harness / 'config.json')], config,
       tree=tree, harness=harness, out=out, python=python, site_dirs=site_dirs, limits=limits,
-      uid=uid, isolate=isolate)
+      uid=uid, isolate=isolate, until=until)
   events, unread = read_report(report)
   outcomes, kinds, inconsistent = _account(events)
-  fault, finished, verdict_problems = _verdict(done, config['marker'], kinds, outcomes)
+  fault, finished, verdict_problems = _verdict(done, config['marker'], kinds, outcomes, stopped)
   problems += unread + inconsistent + verdict_problems
   failures = {e['nodeid']: e['message'] for e in kinds['test']
               if e['when'] == 'call' and e['outcome'] == 'failed'}
@@ -295,13 +338,14 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
     seals[e['nodeid']] += e['seals']
   return TestRun(outcomes, done.returncode, finished, fault, done.timed_out, problems,
                  done.wall_s, done.output, failures, dict(seals),
-                 out / '.coverage' if coverage_source else None)
+                 out / '.coverage' if coverage_source else None, stopped)
 
 
 def merged(runs: list[TestRun]) -> TestRun:
   """The runs of one grading (isolation.py) as one: each test's outcome, records and failure
-  from the run that held it, every run's problems, finished when all finished, the first fault,
-  and the exit status of the first run that did not finish (else the main run's)."""
+  from the run that held it, every run's problems, finished when all finished (stopped when the
+  others were stopped), the first fault, and the exit status of the first run that did not
+  finish (else the main run's)."""
   if len(runs) == 1:
     return runs[0]
   unfinished = [r for r in runs if not r.finished]
@@ -312,4 +356,5 @@ def merged(runs: list[TestRun]) -> TestRun:
       timed_out=any(r.timed_out for r in runs), problems=[p for r in runs for p in r.problems],
       wall_s=sum(r.wall_s for r in runs), output='\n'.join(r.output for r in runs),
       failures={n: m for r in runs for n, m in r.failures.items()},
-      seals={n: s for r in runs for n, s in r.seals.items()}, coverage_file=runs[0].coverage_file)
+      seals={n: s for r in runs for n, s in r.seals.items()}, coverage_file=runs[0].coverage_file,
+      stopped=bool(unfinished) and all(r.stopped for r in unfinished))
