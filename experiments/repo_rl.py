@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   m = c.model
   m.vocab_size = 1536               # The code tokenizer's.
-  m.d_model = 128                   # 64 wrote well-formed calls in 73% of messages after 400 steps; 128: 93% after 600.
+  m.d_model = 128                   # Well-formed calls: 73% at 64 (400 steps), 93-99% at 128 (600).
   m.num_layers = 2
   m.num_heads = 2
   m.num_kv_heads = 1

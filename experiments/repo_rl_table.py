@@ -160,7 +160,8 @@ def table(out: dict) -> dict:
     res[name] = {}
     for label, split, key in COLUMNS:
       vals = [s[split][key] for s in seeds.values() if split in s and s[split][key] is not None]
-      res[name][label] = {'mean': float(np.mean(vals)), 'std': float(np.std(vals)), 'seeds': len(vals)} if vals else None
+      res[name][label] = ({'mean': float(np.mean(vals)), 'std': float(np.std(vals)), 'seeds': len(vals)}
+                          if vals else None)
   return res
 
 

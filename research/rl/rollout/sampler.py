@@ -398,7 +398,7 @@ class Sampler:
     budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
     need = max(len(trajs[r].tokens) + budget[r] for r in rows)
     span = next(n for n in self.s.span_sizes if n >= need)
-    out = self._generate_at(span, params, kv.cache, kv.logits_BxV, ~live, budget, key, self.stops)
+    out = self._generate_at(span, params, kv.cache, kv.logits_BxV, ~live, budget, key)
     cache = out.pop('cache')
     out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
     kv = _Cache(cache, kv.logits_BxV)
@@ -412,13 +412,13 @@ class Sampler:
       env_s += self._close_rows(episodes, trajs, cut)
     return kv, replies, env_s
 
-  def _generate_at(self, span: int, *args):
+  def _generate_at(self, span: int, params, cache, logits_BxV, done_B, budget_B, key):
     """`generate` reading `span` slots; every span's program is compiled at a batch size's first call."""
-    rows = args[3].shape[0]
-    if (rows, span) not in self._compiled:
+    args = (params, cache, logits_BxV, done_B, budget_B, key, self.stops)
+    if (len(done_B), span) not in self._compiled:
       for n in self.s.span_sizes:
-        self._compiled[rows, n] = self._generate.lower(*args, span=n).compile()
-    return self._compiled[rows, span](*args)
+        self._compiled[len(done_B), n] = self._generate.lower(*args, span=n).compile()
+    return self._compiled[len(done_B), span](*args)
 
   def _message(self, traj: Trajectory, out: _Sampled, r: int) -> _Message:
     """Appends row r's sampled message to its trajectory."""
