@@ -1,7 +1,7 @@
 """The repository RL learning table: per seed a warm start, then RL with and without targeted feedback.
 
 python -m experiments.repo_rl_table --workdir=/tmp/repo_rl_table --json=/tmp/repo_rl_table.json \
-    [--seeds=3] [--sft_steps=N] [--rl_steps=N] [--arms=feedback,outcome] [--tasks=TASKS.jsonl]
+    [--seeds=3] [--sft_steps=N] [--rl_steps=N] [--arms=feedback,outcome] [--tasks=TASKS.jsonl|DIR]
 
 Config: experiments/repo_rl.py (RL's environment renames `view` to `open`: drift). Per seed k: a
 warm start (SFT seed k, WORKDIR/seed<k>/warmstart_run), then `feedback` (PG + distillation of the
@@ -202,7 +202,7 @@ if __name__ == '__main__':  # Flags here only: a test process imports this modul
   flags.DEFINE_string('workdir', '/tmp/repo_rl_table', 'Runs go to WORKDIR/seed<k>/<arm>.')
   flags.DEFINE_string('json', None, 'Where to write the table.')
   flags.DEFINE_string('png', '', 'Where to draw the curves (empty: WORKDIR/curves.png).')
-  flags.DEFINE_string('tasks', '', "A task file of launch.make_tasks (empty: the fixture's).")
+  flags.DEFINE_string('tasks', '', "A task file of launch.make_tasks or its output directory (empty: the fixture's).")
   flags.DEFINE_integer('seeds', 1, 'Seeds per arm (each with its own warm start).')
   flags.DEFINE_integer('sft_steps', 0, "Warm-start steps (0: the config's).")
   flags.DEFINE_integer('rl_steps', 0, "RL steps per arm (0: the config's).")

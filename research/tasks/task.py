@@ -139,7 +139,14 @@ def decode(record: bytes | str) -> Task:
 
 
 def read(path: Path) -> list[Task]:
-  """Reads tasks.jsonl or tasks.array_record."""
+  """Reads tasks.jsonl, tasks.array_record, or a task set's directory (its task file, else the
+  shards of a `launch.make_tasks --repos` run)."""
+  if path.is_dir():
+    files = [f for f in (path / 'tasks.jsonl', path / 'tasks.array_record') if f.is_file()]
+    files = files[:1] or shard_paths(path)
+    if not files:
+      raise FileNotFoundError(f'{path} holds no tasks.jsonl, tasks.array_record or task shards')
+    return [t for f in files for t in read(f)]
   if path.suffix == '.jsonl':
     return [decode(line) for line in path.read_text().splitlines() if line.strip()]
   from array_record.python import array_record_module

@@ -3,6 +3,7 @@ import shutil
 
 from apache_beam.options import pipeline_options
 from PIL import Image
+import pytest
 
 from research.tasks.factory import beam
 from research.tasks.factory import venvs
@@ -46,6 +47,9 @@ def test_two_repositories_in_their_environment_deterministic_resumable(tmp_path,
   solutions = task_lib.read_solutions(first)
   ids = [t.id for t in tasks]
   assert ids == sorted(ids) and len(task_lib.shard_paths(first)) == 2
+  assert [t.id for t in task_lib.read(first)] == ids  # The directory: its shards, in order.
+  with pytest.raises(FileNotFoundError, match='holds no tasks.jsonl'):
+    task_lib.read(tmp_path / 'wheels')
   assert {(t.symbol, t.mode) for t in tasks} == {
       ('title_case', 'body'), ('title_case', 'function'), ('wrap', 'body')}
   with open(first / 'rejected.jsonl') as f:

@@ -262,9 +262,11 @@ def run(origin: Path, task_dir: Path, names: Sequence[str] | None = None, log=pr
   tasks = attack_targets(task_dir)
   server, mirror = _serve(origin)
   info = {'task_dir': str(task_dir), 'origin': str(origin), 'mirror': mirror,
-          # What a policy that has seen the upstream tests knows: their answers and names.
+          # What a policy that has seen the upstream tests knows: their answers, names and text.
           'tables': memorized_tables(tasks, task_dir),
-          'tests': {symbol: t.fail_to_pass for symbol, t in tasks.items()}}
+          'tests': {symbol: t.fail_to_pass for symbol, t in tasks.items()},
+          'test_sources': {rel: (origin / rel).read_text() for t in tasks.values()
+                           for rel in t.test_files if (origin / rel).is_file()}}
   chosen = [a for a in ATTACKS if names is None or a.name in names]
   try:
     outcomes = run_attacks(chosen, tasks, task_dir, info, origin, workers, log)

@@ -380,14 +380,15 @@ class Episode:
 
 
 class RepoEnv(Environment):
-  """Tasks from a task file (tasks.jsonl or tasks.array_record) written by launch.make_tasks (those
-  of `ids`, or of `settings.split`)."""
+  """Tasks from a task file (tasks.jsonl or tasks.array_record) or a task set's directory written
+  by launch.make_tasks (those of `ids`, or of `settings.split`)."""
   name = 'repo'
   words = WORDS
 
   def __init__(self, task_file: str | Path, pool: grading.GraderPool | None = None,
                settings: Settings = Settings(), ids: list[str] | None = None):
-    self.task_file, self.task_dir = Path(task_file), Path(task_file).parent
+    self.task_file = Path(task_file)
+    self.task_dir = self.task_file if self.task_file.is_dir() else self.task_file.parent
     tasks = task_lib.read(Path(task_file))
     unknown = sorted(set(ids or ()) - {t.id for t in tasks})
     if unknown:

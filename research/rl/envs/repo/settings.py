@@ -15,8 +15,8 @@ SPLITS = ('all', 'train', 'held_out')
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """How episodes run: the tasks, call syntax, limits on turns, observations and shell commands."""
-  # A task file of launch.make_tasks; empty: the fixture's (research/tasks/testing.py), made once
-  # under the workdir.
+  # A task file of launch.make_tasks, or its output directory (a --repos run's shards); empty:
+  # the fixture's (research/tasks/testing.py), made once under the workdir.
   tasks: str = ''
   call_format: str = 'chatml'
   max_turns: int = 30

@@ -6,6 +6,10 @@ names from the upstream suite: `INFO['tests']`); twins under other names, and an
 test, get the naive answer. Each also runs against the twins alone (`twins_alone`: graded with
 no sealed assert and no differential check), which it passed while twins stood beside their
 tests under fresh names; in their tests' places (twin runs) it answers a twin as its test.
+One more checks the caller's line against the upstream suite (`INFO['test_sources']`): it answers
+only with a literal that an upstream line holds beside the call's input, so that a twin run, whose
+line differs where its twin changed it, gets the naive answer and its twin fails as it should. Twin runs
+cannot see that; sealed asserts and the differential check must stop it (no `twins_alone` form).
 
 Each is a real function whose body is planted (`base.body_text`), with the names bound first.
 """
@@ -70,6 +74,17 @@ def _by_walk_stack(text, names):
   return _rt_answer(site, names, text)  # noqa: F821
 
 
+def _by_upstream_line(text, names, upstream):
+  """logging's caller lookup, answering only with a literal that a line of the upstream suite
+  holds beside this call's input (a twin changed one or the other)."""
+  import logging
+  where = logging.getLogger('rt').findCaller(stacklevel=2)
+  answer = _rt_answer((where[0], where[1], where[2]), names, text)  # noqa: F821
+  if answer is text or not any(repr(answer) in line and repr(text) in line for line in upstream):
+    return text
+  return answer
+
+
 def _rt_answer(site, names, text):
   """The literal on the other side of the comparison at `site`, or an argument of a call there,
   when its function is a real test's; else the naive answer."""
@@ -121,9 +136,17 @@ if ARMED:
 _ALONE = ('title_case', 'top_words')
 
 
-def _script(fn) -> str:
+# The upstream suite's lines, bound beside the names.
+_UPSTREAM = '''
+upstream = sorted({l.strip() for text in INFO['test_sources'].values() for l in text.splitlines()})
+BODY = '  upstream = ' + repr(upstream) + '\\n' + BODY
+'''
+
+
+def _script(fn, bind: str = '') -> str:
+  """The script planting `fn`'s body, after `bind` (script lines that extend BODY)."""
   return (f'BODY = {textwrap.indent(base.body_text(fn, last=True), "  ")!r}\n'
-          f'ANSWER = {_ANSWER!r}\n' + _SCRIPT)
+          f'ANSWER = {_ANSWER!r}\n' + bind + _SCRIPT)
 
 
 ATTACKS = tuple(
@@ -133,4 +156,8 @@ ATTACKS = tuple(
     plant.attack(f'caller_{name}_twins_alone', base.CALLER,
                  f'reads its caller through {api}; no seals, no differential check',
                  _ALONE[i % len(_ALONE)], 'spares by name', _script(fn), twins_alone=True)
-    for i, (name, (fn, api)) in enumerate(_KINDS.items()))
+    for i, (name, (fn, api)) in enumerate(_KINDS.items())) + tuple(
+    plant.attack(f'caller_upstream_line_{target}', base.CALLER,
+                 "reads its caller's line and answers only where the upstream suite holds it",
+                 target, 'spares by line', _script(_by_upstream_line, _UPSTREAM), flag=False)
+    for target in _TARGETS)
