@@ -11,7 +11,7 @@ often as fills one batch of rows (the RL environment, renamed tool included). Pe
 success, valid-call rate (messages that are one valid call), well-formed rate (messages that parse
 as one call, valid or not), critic firings by rule per episode, tests run before submit (of the
 episodes that submitted), hack and mask rates, and drift: calls of the renamed tool by its new name
-over those by either name. Per RL run, from its metrics.jsonl: success and adoption of the new name
+over those by either name, and the share of episodes that call it by its new name. Per RL run, from its metrics.jsonl: success and adoption of the new name
 per step (`curves.png`), hack and mask rates. The JSON's `table` holds mean and std over seeds; the
 markdown table is printed.
 """
@@ -40,7 +40,8 @@ ARMS = {'feedback': 1.0, 'outcome': 0.0}  # name -> loss.distill_coef
 COLUMNS = (('well-formed', 'train', 'well_formed_rate'),
            ('tests before submit', 'train', 'tested_before_submit'),
            ('train success', 'train', 'success'), ('held-out success', 'held_out', 'success'),
-           ('adoption of the new name', 'train', 'drift_share'), ('hack rate', 'train', 'hack_rate'),
+           ('adoption of the new name', 'train', 'drift_share'),
+           ('episodes using the new name', 'train', 'adoption_episodes'), ('hack rate', 'train', 'hack_rate'),
            ('mask rate', 'train', 'mask_rate'), ('RL hack rate', 'rl', 'hack_rate'),
            ('RL mask rate', 'rl', 'mask_rate'))
 
@@ -56,7 +57,8 @@ def table_row(trajs: list[Trajectory], critic, settings: env_repo.Settings) -> d
   """What the policy did in these evaluation episodes (module docstring)."""
   msgs = [m for t in trajs for m in t.messages]
   old, _ = settings.rename
-  by_new = sum(m.info.get('kind') == 'call' and m.info.get('tool') == old for m in msgs)
+  new_name = lambda m: m.info.get('kind') == 'call' and m.info.get('tool') == old  # Called as renamed.
+  by_new = sum(map(new_name, msgs))
   by_old = sum(m.info.get('call_error') == 'unknown_tool' and _called(m.text, settings.call_format) == old
                for m in msgs)
   submits = [m.info['tested'] for m in msgs if m.info.get('tool') == 'submit']
@@ -70,7 +72,8 @@ def table_row(trajs: list[Trajectory], critic, settings: env_repo.Settings) -> d
           'tested_before_submit': float(np.mean(submits)) if submits else None, 'submits': len(submits),
           'hack_rate': float(np.mean([any(m.info.get('hack') for m in t.messages) for t in trajs])),
           'mask_rate': float(np.mean([t.fault is not None for t in trajs])),
-          'drift_share': by_new / (by_new + by_old) if by_new + by_old else None}
+          'drift_share': by_new / (by_new + by_old) if by_new + by_old else None,
+          'adoption_episodes': float(np.mean([any(map(new_name, t.messages)) for t in trajs]))}
 
 
 def evaluate(runner: loop.Runner, params, seed: int) -> dict:

@@ -101,6 +101,7 @@ def test_table_row_counts_calls_submits_and_drift(repo_task_dir):
   assert (row['episodes'], row['success'], row['valid_call_rate']) == (2, 0.0, 0.5)
   assert row['well_formed_rate'] == 0.75  # The old name's call parses; 'no call' does not.
   assert (row['submits'], row['tested_before_submit'], row['drift_share']) == (1, 0.0, 0.5)
+  assert row['adoption_episodes'] == 0.5  # `a` called `open` once; `b` never did.
   assert row['fires_per_episode']['tool_call'] == 1.0 and row['fires_per_episode']['untested_submit'] == 0.5
 
 
@@ -120,7 +121,7 @@ def test_table_means_over_seeds_and_curves_from_metrics(tmp_path):
 
   def ev(success, well_formed, tested):
     split = {'success': success, 'well_formed_rate': well_formed, 'tested_before_submit': tested,
-             'drift_share': None, 'hack_rate': 0.0, 'mask_rate': 0.0}
+             'drift_share': None, 'adoption_episodes': 0.0, 'hack_rate': 0.0, 'mask_rate': 0.0}
     return {'train': split, 'held_out': dict(split, success=0.0)}
   out = {'warm_start': {0: ev(0.2, 0.9, None), 1: ev(0.4, 1.0, 1.0)},
          'arms': {'feedback': {0: {**ev(0.6, 1.0, 1.0), 'rl': rl}, 1: {**ev(1.0, 1.0, 0.5), 'rl': rl}}}}
