@@ -210,6 +210,7 @@ class RemoteEpisode:
     self.worker_seconds = 0.0         # Time its calls ran on workers (the timeout's clock).
     self.replays = 0                  # Times it was rebuilt on another worker.
     self.ended = False
+    self.final: Step | None = None    # The Step that ended it: every later close() returns it.
 
   def step(self, message: str) -> Step:
     out = self._call('step', message)
@@ -217,11 +218,11 @@ class RemoteEpisode:
     return out
 
   def close(self, reason: str) -> Step:
-    return self._call('close', reason)
+    return self.final or self._call('close', reason)
 
   def _call(self, method: str, arg: str) -> Step:
     if self.ended:
-      raise RuntimeError('ray env: call after the episode ended')
+      raise RuntimeError(f'ray env: {method}() after episode {self.eid} ended')
     while True:
       handle = self.handle
       result = self.env.run(handle, lambda: handle.actor.call.remote(self.eid, method, arg), self)
@@ -233,6 +234,8 @@ class RemoteEpisode:
       self._end()
     if result.error is not None:
       raise result.error
+    if result.step.done:
+      self.final = result.step
     return result.step
 
   def _move(self) -> None:
