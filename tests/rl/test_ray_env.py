@@ -62,9 +62,9 @@ def ray_envs(cluster):
 
 
 def _scripts(tasks, task_dir) -> list[list[str]]:
-  """Per episode its messages: the oracle's solution (reward 1) or its view and edits and a submit
-  without the edits' last one (reward 0), each with a slow command after the first message, so
-  that a node killed then is killed mid-call."""
+  """Per episode its messages: the oracle's solution (reward 1), or every other one the same
+  without its last edit and its test run (reward 0); each with a slow command after the first
+  message, so that a node killed then is killed mid-call."""
   out = []
   for i, task in enumerate(tasks):
     solution = task_lib.read_solutions(task_dir)[task.id]
@@ -132,7 +132,9 @@ def test_a_node_killed_mid_batch_loses_no_episode(cluster, ray_envs, repo_task_d
     assert mine[k] == theirs[k], k
 
 
-def test_a_slow_episode_times_out_masked_and_a_full_worker_makes_calls_wait(ray_envs, repo_task_dir):
+def test_timeouts_backpressure_and_a_killed_worker(ray_envs, repo_task_dir):
+  """A slow episode times out masked; a full worker makes calls wait; a killed worker process is
+  replaced and its episode replayed there."""
   env = ray_envs(_maker(repo_task_dir), workers=1, worker_calls=1, warm=0, episode_timeout_s=3.0)
   task = env.local.tasks[0]
   a, b = env.reset(task), env.reset(task)
@@ -143,7 +145,11 @@ def test_a_slow_episode_times_out_masked_and_a_full_worker_makes_calls_wait(ray_
   assert all(s.observation.startswith('exit code 0') for s in steps)
   with pytest.raises(ray_env.EpisodeTimeout, match='ray_episode_timeout_s'):
     a.step(call('run', command='sleep 10'))
-  assert b.close('turns').done  # The other episode goes on.
+  assert a.stats.fault and env.metrics([a])['fault_rate'] == 1.0
+  first = env.handles[0]
+  ray.kill(first.actor)
+  assert b.close('turns').done and b.replays == 1  # The other episode goes on, on a new worker.
+  assert first.lost and b.handle is not first and not b.stats.fault
 
 
 def test_the_sampler_steps_ray_episodes(cluster, repo_task_dir):

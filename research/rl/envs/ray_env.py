@@ -73,12 +73,12 @@ class _Worker:
   def node(self) -> str:
     return ray.get_runtime_context().get_node_id()
 
-  def reset(self, eid: int, task) -> list[dict]:
-    """Starts episode `eid` of `task` (a warm one where there is). Returns its prompt."""
+  def reset(self, eid: int, task) -> tuple[list[dict], Any]:
+    """Starts episode `eid` of `task` (a warm one where there is). Returns its prompt and stats."""
     ep = self._take(task)
     with self.lock:
       self.live[eid] = ep
-    return ep.prompt
+    return ep.prompt, getattr(ep, 'stats', None)
 
   def replay(self, eid: int, task, prompt: list[dict], messages: list[str]) -> _Result:
     """Rebuilds episode `eid` from its messages; a different prompt or an end mid-log is an error."""
@@ -178,6 +178,13 @@ def _discard(ep) -> None:
     pass
 
 
+def _with_fault(stats: Any) -> Any:
+  """The stats marked as an environment fault, where they count faults (repo: EpisodeStats.fault)."""
+  if dataclasses.is_dataclass(stats) and any(f.name == 'fault' for f in dataclasses.fields(stats)):
+    return dataclasses.replace(stats, fault=True)
+  return stats
+
+
 def _sendable(e: BaseException) -> BaseException:
   """The exception, or its text as a RuntimeError where it does not pickle."""
   try:
@@ -203,10 +210,10 @@ class _Handle:
 class RemoteEpisode:
   """An episode on a worker; `step` / `close` as the Episode protocol (thread-safe across episodes)."""
 
-  def __init__(self, env: 'RayEnv', eid: int, task, handle: _Handle, prompt: list[dict]):
+  def __init__(self, env: 'RayEnv', eid: int, task, handle: _Handle, prompt: list[dict], stats: Any):
     self.env, self.eid, self.task, self.handle, self.prompt = env, eid, task, handle, prompt
     self.messages: list[str] = []     # Every step's message so far: the log a replay re-runs.
-    self.stats = None                 # The episode's `stats` as of its last call.
+    self.stats = stats                # The episode's `stats` as its worker last sent them.
     self.worker_seconds = 0.0         # Time its calls ran on workers (the timeout's clock).
     self.replays = 0                  # Times it was rebuilt on another worker.
     self.ended = False
@@ -223,12 +230,12 @@ class RemoteEpisode:
   def _call(self, method: str, arg: str) -> Step:
     if self.ended:
       raise RuntimeError(f'ray env: {method}() after episode {self.eid} ended')
-    while True:
-      handle = self.handle
-      result = self.env.run(handle, lambda: handle.actor.call.remote(self.eid, method, arg), self)
-      if result is not None:
-        break
-      self._move()
+    try:
+      result = self._on_worker(method, arg)
+    except (WorkerLost, EpisodeTimeout):
+      self.stats = _with_fault(self.stats)
+      self._end()
+      raise
     self.stats = result.stats
     if result.error is not None or result.step.done:
       self._end()
@@ -238,6 +245,15 @@ class RemoteEpisode:
       self.final = result.step
     return result.step
 
+  def _on_worker(self, method: str, arg: str) -> _Result:
+    """The call's result from the episode's worker, moving the episode while workers die."""
+    while True:
+      handle = self.handle
+      result = self.env.run(handle, lambda: handle.actor.call.remote(self.eid, method, arg), self)
+      if result is not None:
+        return result
+      self._move()
+
   def _move(self) -> None:
     """Replays the episode on another worker after losing its own (raises WorkerLost if none can)."""
     while True:
@@ -245,16 +261,16 @@ class RemoteEpisode:
       try:
         result = self.env.run(handle, lambda: handle.actor.replay.remote(
             self.eid, self.task, self.prompt, self.messages), self)
-      finally:
-        if self.ended:  # Timed out.
-          self.env.release(handle)
+      except EpisodeTimeout:
+        self.env.release(handle)
+        raise
       if result is None:
         self.env.release(handle)
         continue
       self.env.release(self.handle)
       self.handle, self.replays = handle, self.replays + 1
       if result.error is not None:
-        self._end()
+        self.stats = result.stats
         raise WorkerLost(f'episode {self.eid}: its worker was lost and the replay failed: {result.error}')
       return
 
@@ -266,7 +282,8 @@ class RemoteEpisode:
 class RayEnv(Environment):
   """`make_env()`'s environment with its episodes on Ray workers (module docstring).
 
-  `address`: a Ray cluster to join; empty: a local Ray sized to the machine. `workers`: actors
+  `address`: a Ray cluster to join; empty: a local Ray sized to the machine (either only where
+  this process has not connected to one yet). `workers`: actors
   (0: one per node with CPUs). `worker_calls`: calls one actor runs at once. `warm`: prepared
   episodes per task an actor keeps. `episode_timeout_s`: an episode's time on workers.
   """
@@ -346,7 +363,6 @@ class RayEnv(Environment):
         if ep is None:
           raise
         handle.actor.drop.remote(ep.eid)
-        ep._end()
         raise EpisodeTimeout(f'episode {ep.eid} ran {self.timeout_s:g}s on workers '
                              '(env.ray_episode_timeout_s)') from None
       finally:
@@ -358,12 +374,12 @@ class RayEnv(Environment):
     while True:
       handle = self.place()
       try:
-        prompt = ray.get(handle.actor.reset.remote(eid, task), timeout=self.timeout_s)
+        prompt, stats = ray.get(handle.actor.reset.remote(eid, task), timeout=self.timeout_s)
       except ray.exceptions.RayActorError:
         self.release(handle)
         self.lost(handle)
         continue
-      return RemoteEpisode(self, eid, task, handle, prompt)
+      return RemoteEpisode(self, eid, task, handle, prompt, stats)
 
   def sample_task(self, rng: np.random.Generator):
     return self.local.sample_task(rng)
