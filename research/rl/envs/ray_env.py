@@ -27,6 +27,7 @@ import collections
 from concurrent import futures
 import dataclasses
 import itertools
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -35,6 +36,7 @@ import numpy as np
 import ray
 from ray.util import scheduling_strategies
 
+import research
 from research.rl.envs.base import Environment, Step
 
 # Tasks whose warm episodes a worker keeps (the least recently reset go first), bounding the work
@@ -295,7 +297,10 @@ class RayEnv(Environment):
     self.make_env, self.worker_calls, self.warm = make_env, worker_calls, warm
     self.timeout_s, self.workers = episode_timeout_s, workers
     if not ray.is_initialized():
-      ray.init(address=address or None, log_to_driver=False, configure_logging=False)
+      # A cluster's workers get this process's code (the research package, 2 MB); a local Ray's
+      # import it as this process does.
+      ray.init(address=address or None, log_to_driver=False, configure_logging=False,
+               runtime_env={'py_modules': [os.path.dirname(research.__file__)]} if address else None)
     self._ids = itertools.count()
     self._lock = threading.Lock()
     self.handles: list[_Handle] = []
@@ -315,13 +320,17 @@ class RayEnv(Environment):
                if n['Alive'] and n['Resources'].get('CPU', 0) >= 1 and n['NodeID'] not in have]
     actors = [_WorkerActor.options(num_cpus=1, max_concurrency=self.worker_calls + 2,
                                    scheduling_strategy=s).remote(self.make_env, self.warm) for s in where]
+    failed = []
     for actor in actors:
       try:  # Up, its environment built, before it takes episodes.
         node = ray.get(actor.node.remote())
-      except ray.exceptions.RayActorError:
+      except ray.exceptions.RayActorError as e:
+        failed.append(e)
         continue
       with self._lock:
         self.handles.append(_Handle(actor, node, threading.BoundedSemaphore(self.worker_calls)))
+    if failed and not any(not h.lost for h in self.handles):
+      raise WorkerLost(f'ray env: no worker actor started; the first failure: {failed[0]}')
 
   def place(self) -> _Handle:
     """The live worker with the fewest live episodes (starting actors where none is left)."""
@@ -333,7 +342,7 @@ class RayEnv(Environment):
           best.live += 1
           return best
       self._start()
-    raise WorkerLost('ray env: no worker could be started')
+    raise WorkerLost('ray env: no worker actor: the cluster has no node with a CPU for one')
 
   def release(self, handle: _Handle) -> None:
     with self._lock:
