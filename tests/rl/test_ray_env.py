@@ -98,40 +98,6 @@ def _play(episodes, scripts, at_turn=None) -> list[list]:
   return got
 
 
-def test_a_node_killed_mid_batch_loses_no_episode(cluster, ray_envs, repo_task_dir):
-  c, (victim, _) = cluster
-  local = _maker(repo_task_dir)()
-  tasks = [t for t in local.tasks if t.mode == 'body'][:3] * 2
-  scripts = _scripts(tasks, repo_task_dir)
-  # Without Ray, and without a fault: the rewards to match.
-  local_eps = [local.reset(t) for t in tasks]
-  want = _play(local_eps, scripts)
-  assert [g[-1].reward for g in want] == [1.0, 0.0] * 3
-
-  env = ray_envs(_maker(repo_task_dir), warm=1)
-  assert len({h.node for h in env.handles}) == 3  # One worker per node.
-  eps = [env.reset(t) for t in tasks]
-  on_victim = [e for e in eps if e.handle.node == victim.node_id]
-  assert on_victim
-
-  def kill(turn):
-    if turn == 1:  # Half a second into the batch's slow call.
-      threading.Timer(0.5, c.remove_node, (victim,), {'allow_graceful': False}).start()
-  got = _play(eps, scripts, at_turn=kill)
-
-  for g, w, e in zip(got, want, eps):
-    assert all(isinstance(s, Step) for s in g), g  # No call raised: nothing masked.
-    assert [s.done for s in g] == [s.done for s in w]  # One final Step each: counted once.
-    assert (g[-1].reward, g[-1].success) == (w[-1].reward, w[-1].success)
-  assert {e.replays for e in on_victim} == {1}
-  assert {e.replays for e in eps if e not in on_victim} == {0}
-  assert all(h.lost == (h.node == victim.node_id) for h in env.handles)
-  # The replayed episodes' statistics count their turns and calls once.
-  mine, theirs = env.metrics(eps), local.metrics(local_eps)
-  for k in ('turns', 'bad_calls', 'fault_rate', 'hack_rate', *(f'tool_calls/{n}' for n in calls.TOOLS)):
-    assert mine[k] == theirs[k], k
-
-
 def test_timeouts_backpressure_and_a_killed_worker(ray_envs, repo_task_dir):
   """A slow episode times out masked; a full worker makes calls wait; a killed worker process is
   replaced and its episode replayed there."""
@@ -172,3 +138,38 @@ def test_the_sampler_steps_ray_episodes(cluster, repo_task_dir):
     assert env.metrics(episodes)['bad_calls'] == 2
   finally:
     env.shutdown()
+
+
+# Last: the node it kills is gone for the module's later tests.
+def test_a_node_killed_mid_batch_loses_no_episode(cluster, ray_envs, repo_task_dir):
+  c, (victim, _) = cluster
+  local = _maker(repo_task_dir)()
+  tasks = [t for t in local.tasks if t.mode == 'body'][:3] * 2
+  scripts = _scripts(tasks, repo_task_dir)
+  # Without Ray, and without a fault: the rewards to match.
+  local_eps = [local.reset(t) for t in tasks]
+  want = _play(local_eps, scripts)
+  assert [g[-1].reward for g in want] == [1.0, 0.0] * 3
+
+  env = ray_envs(_maker(repo_task_dir), warm=1)
+  assert len({h.node for h in env.handles}) == 3  # One worker per node.
+  eps = [env.reset(t) for t in tasks]
+  on_victim = [e for e in eps if e.handle.node == victim.node_id]
+  assert on_victim
+
+  def kill(turn):
+    if turn == 1:  # Half a second into the batch's slow call.
+      threading.Timer(0.5, c.remove_node, (victim,), {'allow_graceful': False}).start()
+  got = _play(eps, scripts, at_turn=kill)
+
+  for g, w, e in zip(got, want, eps):
+    assert all(isinstance(s, Step) for s in g), g  # No call raised: nothing masked.
+    assert [s.done for s in g] == [s.done for s in w]  # One final Step each: counted once.
+    assert (g[-1].reward, g[-1].success) == (w[-1].reward, w[-1].success)
+  assert {e.replays for e in on_victim} == {1}
+  assert {e.replays for e in eps if e not in on_victim} == {0}
+  assert all(h.lost == (h.node == victim.node_id) for h in env.handles)
+  # The replayed episodes' statistics count their turns and calls once.
+  mine, theirs = env.metrics(eps), local.metrics(local_eps)
+  for k in ('turns', 'bad_calls', 'fault_rate', 'hack_rate', *(f'tool_calls/{n}' for n in calls.TOOLS)):
+    assert mine[k] == theirs[k], k

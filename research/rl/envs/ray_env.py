@@ -306,9 +306,10 @@ class RayEnv(Environment):
     self.handles: list[_Handle] = []
     self._start()
 
-  def _start(self) -> None:
+  def _start(self) -> str:
     """Starts actors: up to `workers` spread over the cluster, or one on each node with CPUs that
-    has none (soft affinity: a node that died since ray.nodes() said otherwise gets none)."""
+    has none (soft affinity: a node that died since ray.nodes() said otherwise gets none).
+    Returns why the last actor that failed to start did ('' if none failed)."""
     with self._lock:
       live = [h for h in self.handles if not h.lost]
     if self.workers:
@@ -320,29 +321,29 @@ class RayEnv(Environment):
                if n['Alive'] and n['Resources'].get('CPU', 0) >= 1 and n['NodeID'] not in have]
     actors = [_WorkerActor.options(num_cpus=1, max_concurrency=self.worker_calls + 2,
                                    scheduling_strategy=s).remote(self.make_env, self.warm) for s in where]
-    failed = []
+    why = ''
     for actor in actors:
       try:  # Up, its environment built, before it takes episodes.
         node = ray.get(actor.node.remote())
-      except ray.exceptions.RayActorError as e:
-        failed.append(e)
+      except ray.exceptions.RayActorError as e:  # E.g. placed on a node that was dying.
+        why = str(e)
         continue
       with self._lock:
         self.handles.append(_Handle(actor, node, threading.BoundedSemaphore(self.worker_calls)))
-    if failed and not any(not h.lost for h in self.handles):
-      raise WorkerLost(f'ray env: no worker actor started; the first failure: {failed[0]}')
+    return why
 
   def place(self) -> _Handle:
     """The live worker with the fewest live episodes (starting actors where none is left)."""
-    for _ in range(2):
+    why = ''
+    for _ in range(3):
       with self._lock:
         live = [h for h in self.handles if not h.lost]
         if live:
           best = min(live, key=lambda h: h.live)
           best.live += 1
           return best
-      self._start()
-    raise WorkerLost('ray env: no worker actor: the cluster has no node with a CPU for one')
+      why = self._start() or why
+    raise WorkerLost(f'ray env: no worker actor could start: {why or "no node has a CPU for one"}')
 
   def release(self, handle: _Handle) -> None:
     with self._lock:
