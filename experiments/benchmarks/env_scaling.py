@@ -4,12 +4,12 @@ python -m experiments.benchmarks.env_scaling [--rounds=2] [--calls=200] [--json=
 
 Every fixture task's oracle episode (view, edits, its tests in the sandbox, submit and grading,
 research/rl/envs/repo/oracle.py) is played turn by turn, the live episodes of a turn at once on
---env_workers threads as the sampler steps them, by a local RepoEnv and by a RayEnv on the local Ray
-it starts (env.ray_address empty: sized to the machine, one worker), in alternating rounds so both see the same
-machine load; grades are not memoized, so each episode pays its own grading. Reports episodes/s of
-each and their ratio, that both gave the same rewards, and the scheduler's overhead per tool call:
-the mean time of a cheap call (`view`) on Ray minus locally, over --calls sequential calls, and
-the same for a reset (Ray's from its warm pool).
+--env_workers threads as the sampler steps them, by a local RepoEnv and by a RayEnv on the local
+Ray it starts (env.ray_address empty: sized to the machine, one worker), in alternating rounds so
+both see the same machine load; grades are not memoized, so each episode pays its own grading.
+Reports episodes/s of each and their ratio, that both gave the same rewards, and the scheduler's
+overhead per tool call: the mean time of a cheap call (`view`) on Ray minus locally, over --calls
+sequential calls, and the same for a reset (Ray's from its warm pool).
 """
 import functools
 import json

@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-ray = pytest.importorskip('ray', reason='Ray is not installed (requirements-ray.lock; `make test` installs it)')
+ray = pytest.importorskip('ray', reason='Ray is not installed (requirements-ray.lock; make test installs it)')
 from ray import cluster_utils  # noqa: E402
 
 from research.model import transformer  # noqa: E402

@@ -284,10 +284,10 @@ class RemoteEpisode:
 class RayEnv(Environment):
   """`make_env()`'s environment with its episodes on Ray workers (module docstring).
 
-  `address`: a Ray cluster to join; empty: a local Ray sized to the machine (either only where
-  this process has not connected to one yet). `workers`: actors
-  (0: one per node with CPUs). `worker_calls`: calls one actor runs at once. `warm`: prepared
-  episodes per task an actor keeps. `episode_timeout_s`: an episode's time on workers.
+  `address`: a Ray cluster to join; empty: a local Ray sized to the machine (both only where this
+  process is not connected to Ray yet). `workers`: actors (0: one per node with CPUs).
+  `worker_calls`: calls one actor runs at once. `warm`: prepared episodes per task an actor keeps.
+  `episode_timeout_s`: an episode's time on workers.
   """
 
   def __init__(self, make_env: Callable[[], Environment], *, address: str = '', workers: int = 0,
@@ -319,6 +319,7 @@ class RayEnv(Environment):
       where = [scheduling_strategies.NodeAffinitySchedulingStrategy(n['NodeID'], soft=True)
                for n in ray.nodes()
                if n['Alive'] and n['Resources'].get('CPU', 0) >= 1 and n['NodeID'] not in have]
+    # Two threads beyond the call slots: node(), drop() and at_step() never wait behind calls.
     actors = [_WorkerActor.options(num_cpus=1, max_concurrency=self.worker_calls + 2,
                                    scheduling_strategy=s).remote(self.make_env, self.warm) for s in where]
     why = ''
