@@ -4,6 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 XM_STAMP := $(VENV)/.installed-xm
+RAY_STAMP := $(VENV)/.installed-ray
 
 DEMO_SFT_STEPS ?= 300
 DEMO_RL_STEPS ?= 8
@@ -29,10 +30,15 @@ $(XM_STAMP): $(STAMP) requirements-xm.lock
 	$(VPY) -m pip install -q -r requirements.lock -r requirements-xm.lock
 	touch $(XM_STAMP)
 
+# The ray extra (Ray, for env.executor='ray'): `make test` installs it, `make install` does not.
+$(RAY_STAMP): $(STAMP) requirements-ray.lock
+	$(VPY) -m pip install -q -r requirements.lock -r requirements-ray.lock
+	touch $(RAY_STAMP)
+
 # Only the tests simulate 8 devices (tests/conftest.py also sets it); a run simulates what its mesh
 # needs (launch/processes.py), one device by default.
 test: export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
-test: $(STAMP) $(XM_STAMP) sysdeps
+test: $(STAMP) $(XM_STAMP) $(RAY_STAMP) sysdeps
 	$(VPY) -m pytest -n 2 --dist loadfile tests
 
 demo: $(STAMP)
@@ -45,7 +51,7 @@ demo-repo: $(STAMP) sysdeps
 	  --json=$${WORKDIR:-/tmp/demo_repo_rl}/table.json --seeds=1 --sft_steps=$(DEMO_SFT_STEPS) --rl_steps=$(DEMO_RL_STEPS)
 
 # `bazel test //tests/...` offline with Debian's Bazel 4 on the project's .venv (docs/bazel.md).
-bazel-test: $(STAMP) $(XM_STAMP) sysdeps
+bazel-test: $(STAMP) $(XM_STAMP) $(RAY_STAMP) sysdeps
 	@command -v bazel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap bazel-platforms bazel-rules-java >/dev/null; }
 	bazel test --test_env=RESEARCH_VENV=$(CURDIR)/$(VENV) //tests/...
 

@@ -30,6 +30,9 @@ class BaseConfig:
   tokenizer: str = ''               # Its Hugging Face folder (tokenizer.json, chat template).
 
 
+EXECUTORS = ('local', 'ray')
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
   """env: the environment tasks and rewards come from; its section configures it."""
@@ -40,11 +43,27 @@ class EnvConfig:
   tokenizer: str = ''
   toolcalc: toolcalc_lib.Settings = dataclasses.field(default_factory=toolcalc_lib.Settings)  # Problems, tools, drift.
   repo: repo_settings.Settings = dataclasses.field(default_factory=repo_settings.Settings)  # Tasks, turns, limits.
+  # Where episodes run: 'local' (the learner's threads) or 'ray' (Ray actors: research/rl/envs/ray_env.py).
+  executor: str = 'local'
+  ray_address: str = ''             # executor='ray': the cluster to join; empty: a local Ray sized to the machine.
+  ray_workers: int = 0              # Worker actors holding episodes; 0: one per node with CPUs.
+  ray_worker_calls: int = 64        # Calls one worker runs at once; more wait on the learner (backpressure).
+  ray_warm: int = 2                 # Prepared episodes a worker keeps per task it has seen (0: none).
+  ray_episode_timeout_s: float = 1800.0  # An episode's time on workers before it is masked as a fault.
 
   def validate(self, path: str = 'env.') -> 'EnvConfig':
     names = env_names()
     if self.name not in names:
       raise configs.invalid(path + 'name', self.name, f'expected one of {names}')
+    if self.executor not in EXECUTORS:
+      raise configs.invalid(path + 'executor', self.executor, f'expected one of {EXECUTORS}')
+    if self.ray_address and self.executor != 'ray':
+      raise configs.invalid(path + 'ray_address', self.ray_address, "is only used with executor='ray'")
+    for f, low in (('ray_workers', 0), ('ray_worker_calls', 1), ('ray_warm', 0)):
+      if getattr(self, f) < low:
+        raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
+    if self.ray_episode_timeout_s <= 0:
+      raise configs.invalid(path + 'ray_episode_timeout_s', self.ray_episode_timeout_s, 'must be positive')
     if self.tokenizer:
       file = (self.tokenizer if self.tokenizer.endswith('.json')
               else os.path.join(self.tokenizer, 'tokenizer.json'))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import runs
+from research.rl import config as rl_config
 from research.rl.envs import toolcalc as tc
 
 
@@ -62,6 +63,14 @@ def test_toolcalc_hacks_never_pay():
 def test_toolcalc_bad_config_named():
   with pytest.raises(ValueError, match='tools'):
     tc.ToolCalc({'/': 'div'})
+
+
+@pytest.mark.parametrize('field, value, problem', [
+    ('executor', 'k8s', 'expected one of'), ('ray_address', 'ray://head:10001', "only used with executor='ray'"),
+    ('ray_worker_calls', 0, 'must be >= 1'), ('ray_episode_timeout_s', 0.0, 'must be positive')])
+def test_bad_executor_settings_are_named(field, value, problem):
+  with pytest.raises(ValueError, match=f'env.{field}=.*{problem}'):
+    rl_config.EnvConfig(**{field: value}).validate()
 
 
 def test_demonstrations_use_new_names_only_after_a_hint():
