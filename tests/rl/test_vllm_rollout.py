@@ -1,7 +1,7 @@
 """Rollouts on vLLM (research/rl/rollout/vllm_client.py) against our JAX forward: the engine's
 log-probs on the same tokens, weights pushed in place, multi-turn trajectories.
 
-They need the vLLM venv (`make vllm-venv`) and are skipped without it.
+The engine's tests need the vLLM venv (`make vllm-venv`) and are skipped without it.
 """
 import os
 
@@ -19,7 +19,7 @@ from research.rl.rollout.trajectory import Trajectory, to_batch
 from research.tokenizer.base import ByteTokenizer
 
 RC = backends.RolloutConfig(backend='vllm')
-pytestmark = pytest.mark.skipif(not os.access(RC.python_path, os.X_OK),
+needs_vllm = pytest.mark.skipif(not os.access(RC.python_path, os.X_OK),
                                 reason=f'no vLLM venv at {RC.python_path} (make vllm-venv)')
 
 TOK = ByteTokenizer()
@@ -54,6 +54,7 @@ def _rows(seed, n=3):
   return [rng.integers(3, TOK.vocab_size, size=int(rng.integers(8, 40))).tolist() for _ in range(n)]
 
 
+@needs_vllm
 def test_engine_logprobs_match_our_forward_and_follow_pushes(backend):
   """The engine's log-probs equal our forward's on the same tokens; after a push (in place, the same
   process) they equal the new params' and not the old ones'."""
@@ -84,6 +85,7 @@ class Echo:
     return Step(None, True, -0.5, False, {})
 
 
+@needs_vllm
 def test_multiturn_rollout_logprobs_are_our_tempered_forward(backend):
   """Trajectories sampled by the engine over several turns: every policy token's recorded log-prob
   is our tempered forward's on the final trajectory (the prompt, observations and closings are ids
@@ -109,3 +111,11 @@ def test_multiturn_rollout_logprobs_are_our_tempered_forward(backend):
 def test_cut_at_stops():
   assert vllm_client.cut_at_stops([5, 1, 2, 7, 1, 2], [(1, 2)]) == 3
   assert vllm_client.cut_at_stops([5, 6], [(1, 2)]) == 2
+
+
+def test_config_names_a_bad_backend_and_a_missing_venv(tmp_path):
+  with pytest.raises(ValueError, match=r"^rollout.backend='sglang': expected one of"):
+    backends.RolloutConfig(backend='sglang').validate()
+  with pytest.raises(ValueError, match=r'^rollout.vllm_python=.*make vllm-venv'):
+    backends.RolloutConfig(backend='vllm', vllm_python=str(tmp_path / 'python')).validate()
+  backends.RolloutConfig(vllm_python=str(tmp_path / 'python')).validate()  # Ours needs no venv.

@@ -1,4 +1,7 @@
-"""Batched multi-turn sampling on the KV cache (research/model/decode.py).
+"""Batched multi-turn sampling on the KV cache (research/model/decode.py): ours, one RolloutBackend.
+
+RolloutBackend holds what every rollout engine shares (turns, environments, limits, statistics);
+Sampler, below, samples on our KV cache, research/rl/rollout/vllm_client.py on a vLLM engine.
 
 One jitted `generate` call samples a model message for every live row: temperature / top-k / top-p,
 stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token

@@ -35,6 +35,7 @@ def _prompts(ids_list):
 
 
 def generate(llm: vllm.LLM, req: dict) -> dict:
+  # ignore_eos: only the client's stop ids end a message, as in ours (the folder names no eos anyway).
   params = [vllm.SamplingParams(max_tokens=n, seed=seed, temperature=req['temperature'], top_k=req['top_k'],
                                 top_p=req['top_p'], stop_token_ids=req['stop_ids'], ignore_eos=True,
                                 logprobs=0, detokenize=False)
