@@ -9,11 +9,11 @@ Start: a random init, or a base model (`base.checkpoint`, an orbax checkpoint wr
 folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a workdir whose
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.
-Each step: rollouts (research/rl/rollout/sampler.py; with rl.staleness > 0 sampled ahead on a thread with
-older params) -> group-baseline advantages -> critic feedback -> teacher hidden states on the
-hinted contexts -> one train step (research/train/step.py, on the Trainer's mesh) on `objective`:
-pg_coef * policy gradient + distill_coef * distillation + anchor (research/rl/update/losses.py).
-Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets distillation slots), so the update
+Each step: rollouts (research/rl/rollout/backends.py: ours or vLLM; with rl.staleness > 0 sampled
+ahead on a thread with older params) -> group-baseline advantages -> critic feedback -> teacher
+hidden states on the hinted contexts -> one train step (research/train/step.py, on the Trainer's
+mesh) on `objective`: pg_coef * policy gradient + distill_coef * distillation + anchor
+(research/rl/update/losses.py). Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets distillation slots), so the update
 and the teacher pass compile once per run; a step where every group tied and no hint fired is skipped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
 (both), distillation alone (pg_coef=0). Evaluation on a fixed task set before, during and after
