@@ -13,8 +13,9 @@ Each step: rollouts (research/rl/rollout/backends.py: ours or vLLM; with rl.stal
 ahead on a thread with older params) -> group-baseline advantages -> critic feedback -> teacher
 hidden states on the hinted contexts -> one train step (research/train/step.py, on the Trainer's
 mesh) on `objective`: pg_coef * policy gradient + distill_coef * distillation + anchor
-(research/rl/update/losses.py). Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets distillation slots), so the update
-and the teacher pass compile once per run; a step where every group tied and no hint fired is skipped.
+(research/rl/update/losses.py). Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets
+distillation slots), so the update and the teacher pass compile once per run; a step where every
+group tied and no hint fired is skipped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
 (both), distillation alone (pg_coef=0). Evaluation on a fixed task set before, during and after
 gives the success curves and the per-rule before/after table (tasks where a rule fired at the start).
