@@ -2,9 +2,10 @@
 
 python -m experiments.benchmarks.rollout_engines --json=/tmp/rollout_engines.json [--models=repo_rl,qwen3_moe_62m]
 
-Per model (experiments/repo_rl.py's, and a Qwen3-MoE of 62M parameters), float32, random weights
-(`--init_std`, wide enough that log-probs spread), the repo env's code tokenizer, the same
-`--batch` one-turn episodes (the same prompts) and the same budget of `--new_tokens` per message:
+Per model (experiments/repo_rl.py's, a Qwen3-MoE of 62M parameters; qwen3_moe_250m on request),
+float32, random weights (`--init_std`, wide enough that log-probs spread), the repo env's code
+tokenizer, the same `--batch` one-turn episodes (the same prompts) and the same budget of
+`--new_tokens` per message:
   tokens_per_s      - ours and vLLM's, new tokens over the rollout's time outside the environment,
                       the second rollout of each (ours compiles in its first, vLLM starts in its);
   max_abs_logprob_diff - the engine's log-probs of the tokens of vLLM's rollout (each after the ones
@@ -54,6 +55,9 @@ MODELS = {
     'qwen3_moe_62m': lambda: ModelConfig(
         vocab_size=1536, d_model=512, num_layers=6, num_heads=8, num_kv_heads=2, head_dim=64, d_ff=1536,
         num_experts=8, num_experts_per_tok=2, d_expert=768, moe_impl='blocked'),
+    'qwen3_moe_250m': lambda: ModelConfig(  # Push seconds against size (not run by default).
+        vocab_size=1536, d_model=1024, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=64, d_ff=3072,
+        num_experts=8, num_experts_per_tok=2, d_expert=1152, moe_impl='blocked'),
 }
 
 
