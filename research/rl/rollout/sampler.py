@@ -23,6 +23,7 @@ length), so the cache holds one episode (sampler.max_len slots), and each row se
 contiguous sequence a full forward over its trajectory sees.
 """
 
+import abc
 from concurrent import futures
 import dataclasses
 import functools
@@ -289,7 +290,7 @@ class _Reply:
   obs_truncated: bool
 
 
-class RolloutBackend:
+class RolloutBackend(abc.ABC):
   """What every rollout engine shares: prompts rendered to ids, the turns, each message handed to its
   environment episode, observations rendered once, limits, faults and the statistics.
 
@@ -308,18 +309,18 @@ class RolloutBackend:
     self._specials = set(getattr(tok, 'special_ids', {}).values())
     self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
 
+  @abc.abstractmethod
   def _begin(self, params, trajs: list[Trajectory]) -> tuple[Any, float]:
     """The engine's state with every prompt in. Returns (state, seconds spent pushing weights)."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def _sample(self, params, state, trajs: list[Trajectory], live_B: np.ndarray, budget_B: np.ndarray,
               key) -> tuple[Any, TurnOutput]:
     """One message per live row, at most its budget of tokens, ending at a stop sequence."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def _extend(self, params, state, rows: list[list[int] | None], trajs: list[Trajectory]) -> Any:
     """The engine's state after each row's new ids (None: none)."""
-    raise NotImplementedError
 
   def close(self) -> None:
     """Ends what the engine holds outside this process (nothing, for ours)."""
