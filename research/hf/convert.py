@@ -15,6 +15,7 @@ importing anything else (launch/convert.py does), or glibc keeps freed pieces an
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -359,6 +360,31 @@ def orbax_to_hf(ckpt_dir: str, out_dir: str, *, cfg: ModelConfig | None = None,
     for name in SIDE_FILES if copy_from else ():
       if os.path.exists(os.path.join(copy_from, name)):
         shutil.copy(os.path.join(copy_from, name), tmp)
+  return out_dir
+
+
+def params_to_hf(params, out_dir: str, *, cfg: ModelConfig, expert_layout: str = weights.PER_EXPERT,
+                 dtype: str | None = None, max_shard_bytes: int = 5 << 30, overwrite: bool = False) -> str:
+  """Writes a Hugging Face folder (config.json, safetensors) from params in memory, on one host.
+
+  What a serving engine loads at start and, written again after each update, reloads in place
+  (research/rl/rollout/vllm_engine). Each tensor is made from its blocks as it is written.
+  """
+  out_dtype = _np_dtype(dtype or cfg.param_dtype)
+  by_name = weights.by_hf_name(weights.rules(cfg, expert_layout))
+  host = jax.device_get(params)
+
+  def pieces(name):
+    group = sorted(by_name[name], key=lambda r: r.rows or (0, 0))  # gate rows before up rows.
+    parts = [r.to_hf(functools.reduce(lambda t, k: t[k], r.leaf, host)[r.index]) for r in group]
+    yield (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-2)).astype(out_dtype)
+
+  shards = st.plan_shards([(n, rs[0].hf_shape, out_dtype) for n, rs in by_name.items()], max_shard_bytes)
+  with _atomic_dir(out_dir, overwrite, create=True) as tmp:
+    st.write_folder(tmp, shards, pieces)
+    with open(os.path.join(tmp, 'config.json'), 'w') as f:
+      json.dump(config_map.to_hf(cfg, 'bfloat16' if out_dtype == np.dtype(ml_dtypes.bfloat16)
+                                 else out_dtype.name), f, indent=2)
   return out_dir
 
 

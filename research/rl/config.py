@@ -16,6 +16,7 @@ from research.rl.envs.repo import rules as _repo_rules  # noqa: F401
 from research.rl.envs.repo import settings as repo_settings
 from research.rl.feedback.critics import CriticConfig
 from research.rl.feedback.governance import GovernanceConfig
+from research.rl.rollout.backends import RolloutConfig
 from research.rl.rollout.sampler import SamplerConfig
 from research.rl.sft import SFTConfig
 from research.rl.update import losses
@@ -165,6 +166,7 @@ class RLExperimentConfig:
   env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
   sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
   sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+  rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)  # Which engine samples.
   rl: RLConfig = dataclasses.field(default_factory=RLConfig)
   loss: LossConfig = dataclasses.field(default_factory=LossConfig)
   teacher: TeacherConfig = dataclasses.field(default_factory=TeacherConfig)

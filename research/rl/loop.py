@@ -9,12 +9,13 @@ Start: a random init, or a base model (`base.checkpoint`, an orbax checkpoint wr
 folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a workdir whose
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.
-Each step: rollouts (research/rl/rollout/sampler.py; with rl.staleness > 0 sampled ahead on a thread with
-older params) -> group-baseline advantages -> critic feedback -> teacher hidden states on the
-hinted contexts -> one train step (research/train/step.py, on the Trainer's mesh) on `objective`:
-pg_coef * policy gradient + distill_coef * distillation + anchor (research/rl/update/losses.py).
-Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets distillation slots), so the update
-and the teacher pass compile once per run; a step where every group tied and no hint fired is skipped.
+Each step: rollouts (research/rl/rollout/backends.py: ours or vLLM; with rl.staleness > 0 sampled
+ahead on a thread with older params) -> group-baseline advantages -> critic feedback -> teacher
+hidden states on the hinted contexts -> one train step (research/train/step.py, on the Trainer's
+mesh) on `objective`: pg_coef * policy gradient + distill_coef * distillation + anchor
+(research/rl/update/losses.py). Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets
+distillation slots), so the update and the teacher pass compile once per run; a step where every
+group tied and no hint fired is skipped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
 (both), distillation alone (pg_coef=0). Evaluation on a fixed task set before, during and after
 gives the success curves and the per-rule before/after table (tasks where a rule fired at the start).
@@ -45,7 +46,8 @@ from research.rl.feedback import critics as critics_lib
 from research.rl.feedback import governance
 from research.rl.feedback import probe
 from research.rl.feedback.critics import Feedback
-from research.rl.rollout.sampler import RolloutStats, Sampler
+from research.rl.rollout import backends
+from research.rl.rollout.sampler import RolloutStats
 from research.rl.rollout.trajectory import Trajectory, routes_batch, to_batch
 from research.rl.update import losses
 from research.rl.update import teacher as teacher_lib
@@ -122,7 +124,12 @@ class Runner:
     self.scfg, self.lc = c.sampler, c.loss
     self.batch_rows = c.rl.tasks_per_step * c.rl.group_size
     self.trainer = self._trainer(c.optimizer, c.rl.steps)
-    self.sampler = Sampler(self.cfg, self.tok, c.sampler, jit=self.trainer.jit)
+    self.sampler = backends.make(c.rollout, self.cfg, self.tok, c.sampler, jit=self.trainer.jit)
+    # Router replay needs the routes the tokens were sampled with; else the update routes them itself.
+    self.replay_routes = self.sampler.records_routes and self.cfg.num_moe_layers > 0
+    if c.sampler.record_routes and not self.sampler.records_routes:
+      print(f'sampler.record_routes: rollout.backend={c.rollout.backend!r} returns no routes here; '
+            'the update recomputes them (routes_replayed=0 in the metrics)')
     self.critic = critics_lib.Critic(list(c.critic.rules))
     g = c.governance
     self.gov = governance.Governance(g, self.critic, workdir, probe.Prober(self.sampler, self.env, g.k, g.probes_per_step))
@@ -355,6 +362,7 @@ class Runner:
            'rollout_tokens_per_s': st.new_tokens / max(st.sample_s, 1e-9),
            'policy_tokens': float(np.mean([t.num_policy_tokens for t in trajs])),
            'time_sample': st.sample_s, 'time_env': st.env_s, 'time_critic': ro.time_critic,
+           'time_push': st.push_s, 'routes_replayed': float(self.replay_routes),
            'rows_trained': int(ro.active.sum()),
            'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0, **ro.env_metrics}
     for name in self.critic.names:
@@ -373,7 +381,7 @@ class Runner:
     rows['mask'] *= ro.valid[:, None]
     rows['adv'] = np.where(ro.valid, ro.adv, 0.0).astype(np.float32)
     rows['valid'] = ro.valid.astype(np.float32)
-    if self.c.sampler.record_routes and self.cfg.num_moe_layers:  # Router replay.
+    if self.replay_routes:
       rows['routes'] = routes_batch(ro.trajs, seq, len(ro.trajs), self.cfg.num_moe_layers,
                                     self.cfg.num_experts_per_tok)
     return rows

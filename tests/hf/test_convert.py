@@ -177,6 +177,26 @@ def test_export_from_ocdbt_train_state(hf_dir, tmp_path):
     np.testing.assert_array_equal(a.read(name), b.read(name), err_msg=name)
 
 
+@pytest.mark.parametrize('layout', weights.LAYOUTS)
+def test_params_in_memory_export_as_the_checkpoint_does(hf_dir, tmp_path, layout):
+  """params_to_hf (what a serving engine is pushed) writes the tensors and config.json that
+  orbax_to_hf writes from the same params, and transformers' folder is read back unchanged."""
+  cfg = convert.hf_to_orbax(str(hf_dir), str(tmp_path / 'ckpt'))
+  params, _ = convert.load_params(str(tmp_path / 'ckpt'))
+  convert.orbax_to_hf(str(tmp_path / 'ckpt'), str(tmp_path / 'disk'), expert_layout=layout)
+  convert.params_to_hf(params, str(tmp_path / 'mem'), cfg=cfg, expert_layout=layout, max_shard_bytes=4096)
+  a, b = safetensors_io.Folder(str(tmp_path / 'disk')), safetensors_io.Folder(str(tmp_path / 'mem'))
+  assert sorted(a.weight_map) == sorted(b.weight_map) and len(set(b.weight_map.values())) > 1
+  for name in a.weight_map:
+    np.testing.assert_array_equal(a.read(name), b.read(name), err_msg=name)
+  assert json.loads((tmp_path / 'mem' / 'config.json').read_text()) == json.loads(
+      (tmp_path / 'disk' / 'config.json').read_text())
+  if layout == weights.PER_EXPERT:
+    source = safetensors_io.Folder(str(hf_dir))
+    for name in source.weight_map:
+      np.testing.assert_array_equal(source.read(name), b.read(name), err_msg=name)
+
+
 def test_cli_import_export(hf_dir, tmp_path):
   run = lambda *args: subprocess.run([sys.executable, '-m', 'launch.convert', *args], cwd=ROOT,
                                      capture_output=True, text=True, timeout=300)

@@ -29,7 +29,7 @@ from research.rl.update import losses
 from research.rl.update import teacher as teacher_lib
 from research.rl.feedback.critics import Feedback
 from research.rl.feedback.governance import Probe
-from research.rl.rollout.sampler import Sampler
+from research.rl.rollout.sampler import RolloutBackend
 from research.rl.rollout.trajectory import Trajectory
 from research.tokenizer import chat
 
@@ -66,7 +66,7 @@ def replay(env, traj: Trajectory, message: int, hint: str | None):
 class Prober:
   """Efficacy probes on `sampler` (rows = 2 * k * probes_per_step, fixed)."""
 
-  def __init__(self, sampler: Sampler, env, k: int, probes_per_step: int):
+  def __init__(self, sampler: RolloutBackend, env, k: int, probes_per_step: int):
     self.sampler, self.env, self.k, self.slots = sampler, env, k, probes_per_step
     self.tok, self.cfg, self.s = sampler.tok, sampler.cfg, sampler.s
 
@@ -116,7 +116,7 @@ class Prober:
     return [0.0 if s else x for x, s in zip(g, same)]
 
 
-def viewer_records(sampler: Sampler, params, teacher_params, trajs: list[Trajectory],
+def viewer_records(sampler: RolloutBackend, params, teacher_params, trajs: list[Trajectory],
                    feedback: list[tuple[int, Feedback]], n: int) -> list[dict]:
   """governance_report.viewer_html records of the first `n` trajectories with a hint (then others):
   each hint placed before its message, and the teacher-student KL (teacher weights with the hint,

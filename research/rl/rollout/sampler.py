@@ -1,4 +1,7 @@
-"""Batched multi-turn sampling on the KV cache (research/model/decode.py).
+"""Batched multi-turn sampling on the KV cache (research/model/decode.py): ours, one RolloutBackend.
+
+RolloutBackend holds what every rollout engine shares (turns, environments, limits, statistics);
+Sampler, below, samples on our KV cache, research/rl/rollout/vllm_client.py on a vLLM engine.
 
 One jitted `generate` call samples a model message for every live row: temperature / top-k / top-p,
 stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token
@@ -20,6 +23,7 @@ length), so the cache holds one episode (sampler.max_len slots), and each row se
 contiguous sequence a full forward over its trajectory sees.
 """
 
+import abc
 from concurrent import futures
 import dataclasses
 import functools
@@ -214,6 +218,7 @@ class RolloutStats:
   """Where a rollout's time went (sampling vs the environments) and what it counted."""
   sample_s: float
   env_s: float
+  push_s: float                     # Pushing new weights into the engine (0 for ours: it reads the params).
   new_tokens: int
   faults: int
   truncated: int
@@ -258,8 +263,8 @@ class _Cache:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Sampled:
-  """One turn's messages (`generate`'s outputs) on the host."""
+class TurnOutput:
+  """One turn's sampled messages on the host, rows x max_turn_tokens (any engine's)."""
   tokens_BxM: np.ndarray
   logp_BxM: np.ndarray
   n_B: np.ndarray
@@ -285,22 +290,40 @@ class _Reply:
   obs_truncated: bool
 
 
-class Sampler:
-  """Jitted generation for one model config, tokenizer and sampler config.
+class RolloutBackend(abc.ABC):
+  """What every rollout engine shares: prompts rendered to ids, the turns, each message handed to its
+  environment episode, observations rendered once, limits, faults and the statistics.
 
-  `jit` compiles its programs: jax.jit on one device, or a Trainer's `jit` (its mesh and rules: the
-  KV cache split by rows like the batch, the expert layer's shard_map as in training).
+  An engine implements `_begin` (the prompts in), `_sample` (one message per live row) and
+  `_extend` (observations in); `rollout` drives them and returns the same Trajectory objects,
+  whichever engine sampled. `records_routes`: the trajectories carry the MoE routes the tokens
+  were sampled with (the update replays them), else the update routes them itself.
   """
+  records_routes: bool
 
-  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, jit: Callable = jax.jit):
+  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig):
     self.cfg, self.tok, self.s = cfg, tok, s
-    self._extend, self._generate = _programs(jit, cfg, s, tok.pad_id)
     seqs = [(tok.end_of_message_id,), *s.stop_seqs]
     width = max(len(q) for q in seqs)
     self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
     self._specials = set(getattr(tok, 'special_ids', {}).values())
-    self._compiled = {}  # (rows, span) -> generate's executable.
     self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
+
+  @abc.abstractmethod
+  def _begin(self, params, trajs: list[Trajectory]) -> tuple[Any, float]:
+    """The engine's state with every prompt in. Returns (state, seconds spent pushing weights)."""
+
+  @abc.abstractmethod
+  def _sample(self, params, state, trajs: list[Trajectory], live_B: np.ndarray, budget_B: np.ndarray,
+              key) -> tuple[Any, TurnOutput]:
+    """One message per live row, at most its budget of tokens, ending at a stop sequence."""
+
+  @abc.abstractmethod
+  def _extend(self, params, state, rows: list[list[int] | None], trajs: list[Trajectory]) -> Any:
+    """The engine's state after each row's new ids (None: none)."""
+
+  def close(self) -> None:
+    """Ends what the engine holds outside this process (nothing, for ours)."""
 
   def _env_calls(self, calls: list[tuple[Callable[[str], Step], str]]) -> tuple[list[_EnvCall], float]:
     """Runs the calls at once on the pool. Returns (their results in order, wall seconds)."""
@@ -316,17 +339,6 @@ class Sampler:
       _end(trajs[r], call)
     return seconds
 
-  def _chunks(self, rows: list[list[int] | None]):
-    """Each row's ids cut into right-padded chunks of sampler.chunk: (ids, mask) per chunk."""
-    w = self.s.chunk
-    for start in range(0, max([len(r) for r in rows if r] + [1]), w):
-      ids = np.full((len(rows), w), self.tok.pad_id, np.int32)
-      mask = np.zeros((len(rows), w), bool)
-      for i, r in enumerate(rows):
-        part = (r or [])[start:start + w]
-        ids[i, :len(part)], mask[i, :len(part)] = part, True
-      yield ids, mask
-
   def _text(self, ids) -> tuple[str, bool]:
     """The message text; a special token inside the content makes it unparseable on purpose."""
     body = list(ids[:-1]) if len(ids) and ids[-1] == self.tok.end_of_message_id else list(ids)
@@ -337,24 +349,22 @@ class Sampler:
     """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
     t0 = time.perf_counter()
     trajs = self._trajectories(episodes, tasks, groups)
-    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len),
-                jnp.zeros((len(trajs), self.cfg.vocab_size), jnp.float32))
-    kv = self._prefill(params, kv, [t.tokens for t in trajs], trajs)
+    state, push_s = self._begin(params, trajs)
     replies, env_s = [], 0.0
     for turn in range(self.s.max_turns):
       env_s += self._close_full(episodes, trajs)
       if not _live(trajs).any():
         break
       key, sub = jax.random.split(key)
-      kv, turn_replies, turn_s = self._turn(params, kv, episodes, trajs, sub, turn == self.s.max_turns - 1)
+      state, turn_replies, turn_s = self._turn(params, state, episodes, trajs, sub, turn == self.s.max_turns - 1)
       env_s += turn_s
       replies += [r for r in turn_replies if r is not None]
       obs = [None if r is None else r.obs for r in turn_replies]
       if all(o is None for o in obs):
         break
-      kv = self._prefill(params, kv, obs, trajs)
+      state = self._extend(params, state, obs, trajs)
     env_s += self._close_rows(episodes, trajs, {r: 'turns' for r in np.flatnonzero(_live(trajs))})
-    return trajs, _stats(trajs, replies, env_s, time.perf_counter() - t0)
+    return trajs, _stats(trajs, replies, env_s, push_s, time.perf_counter() - t0)
 
   def _trajectories(self, episodes, tasks, groups) -> list[Trajectory]:
     """One trajectory per episode, holding its rendered prompt."""
@@ -364,18 +374,6 @@ class Sampler:
       raise ValueError(f'prompt of {long[0]} tokens does not fit sampler.max_len={self.s.max_len}')
     return [Trajectory.from_prompt(p, task=None if tasks is None else tasks[i], prompt=episodes[i].prompt,
                                    group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
-
-  def _prefill(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
-    """Prefills each row's new ids (None: none) into the cache a chunk at a time, recording their
-    routes."""
-    for ids, mask in self._chunks(rows):
-      logits, cache, routes = self._extend(params, ids, mask, kv.cache, kv.logits_BxV)
-      kv = _Cache(cache, logits)
-      if self.s.record_routes:
-        routes, n_B = np.asarray(routes), mask.sum(1)
-        for r in np.flatnonzero(n_B):
-          trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :n_B[r]].transpose(1, 0, 2))
-    return kv
 
   def _budget(self, traj: Trajectory) -> int:
     """Tokens the row may sample this turn: the turn's budget within the trajectory's length limit."""
@@ -388,20 +386,16 @@ class Sampler:
       trajs[r].truncated = True
     return self._close_rows(episodes, trajs, {r: 'context' for r in full}) if full else 0.0
 
-  def _turn(self, params, kv: _Cache, episodes, trajs, key, last: bool):
+  def _turn(self, params, state, episodes, trajs, key, last: bool):
     """Samples a message per live row and steps every live episode at once.
 
-    Returns (cache, per row its _Reply (None for a row that had ended before this turn), env seconds).
+    Returns (engine state, per row its _Reply (None for a row that had ended before this turn),
+    env seconds).
     """
     live = _live(trajs)
     rows = np.flatnonzero(live)
     budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
-    need = max(len(trajs[r].tokens) + budget[r] for r in rows)
-    span = next(n for n in self.s.span_sizes if n >= need)
-    out = self._generate_at(span, params, kv.cache, kv.logits_BxV, ~live, budget, key)
-    cache = out.pop('cache')
-    out = _Sampled(*jax.device_get([out['tokens'], out['logp'], out['n'], out['routes']]))
-    kv = _Cache(cache, kv.logits_BxV)
+    state, out = self._sample(params, state, trajs, live, budget, key)
     msgs = [self._message(trajs[r], out, r) for r in rows]
     calls, env_s = self._env_calls([(episodes[r].step, m.text) for r, m in zip(rows, msgs)])
     replies = [None] * len(trajs)
@@ -410,21 +404,13 @@ class Sampler:
     cut = {r: rep.close for r, rep in enumerate(replies) if rep is not None and rep.close}
     if cut:
       env_s += self._close_rows(episodes, trajs, cut)
-    return kv, replies, env_s
+    return state, replies, env_s
 
-  def _generate_at(self, span: int, params, cache, logits_BxV, done_B, budget_B, key):
-    """`generate` reading `span` slots; every span's program is compiled at a batch size's first call."""
-    args = (params, cache, logits_BxV, done_B, budget_B, key, self.stops)
-    if (len(done_B), span) not in self._compiled:
-      for n in self.s.span_sizes:
-        self._compiled[len(done_B), n] = self._generate.lower(*args, span=n).compile()
-    return self._compiled[len(done_B), span](*args)
-
-  def _message(self, traj: Trajectory, out: _Sampled, r: int) -> _Message:
+  def _message(self, traj: Trajectory, out: TurnOutput, r: int) -> _Message:
     """Appends row r's sampled message to its trajectory."""
     n = int(out.n_B[r])
     ids = out.tokens_BxM[r, :n]
-    routes = out.routes_LxBxMxK[:, r, :n].transpose(1, 0, 2) if self.s.record_routes else None
+    routes = out.routes_LxBxMxK[:, r, :n].transpose(1, 0, 2) if self.records_routes else None
     text, malformed = self._text(ids)
     return _Message(ids, text, malformed, traj.add_model(ids, out.logp_BxM[r, :n], text, routes))
 
@@ -461,8 +447,67 @@ class Sampler:
             *chat.generation_prompt(tok)], cut
 
 
-def _stats(trajs: list[Trajectory], replies: list[_Reply], env_s: float, seconds: float) -> RolloutStats:
+class Sampler(RolloutBackend):
+  """Ours: jitted generation for one model config, tokenizer and sampler config on the KV cache.
+
+  `jit` compiles its programs: jax.jit on one device, or a Trainer's `jit` (its mesh and rules: the
+  KV cache split by rows like the batch, the expert layer's shard_map as in training).
+  """
+
+  def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, jit: Callable = jax.jit):
+    super().__init__(cfg, tok, s)
+    self.records_routes = s.record_routes
+    self._prefill_program, self._generate = _programs(jit, cfg, s, tok.pad_id)
+    self._compiled = {}  # (rows, span) -> generate's executable.
+
+  def _chunks(self, rows: list[list[int] | None]):
+    """Each row's ids cut into right-padded chunks of sampler.chunk: (ids, mask) per chunk."""
+    w = self.s.chunk
+    for start in range(0, max([len(r) for r in rows if r] + [1]), w):
+      ids = np.full((len(rows), w), self.tok.pad_id, np.int32)
+      mask = np.zeros((len(rows), w), bool)
+      for i, r in enumerate(rows):
+        part = (r or [])[start:start + w]
+        ids[i, :len(part)], mask[i, :len(part)] = part, True
+      yield ids, mask
+
+  def _begin(self, params, trajs) -> tuple[_Cache, float]:
+    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len),
+                jnp.zeros((len(trajs), self.cfg.vocab_size), jnp.float32))
+    return self._extend(params, kv, [t.tokens for t in trajs], trajs), 0.0
+
+  def _extend(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
+    """Prefills each row's new ids (None: none) into the cache a chunk at a time, recording their
+    routes."""
+    for ids, mask in self._chunks(rows):
+      logits, cache, routes = self._prefill_program(params, ids, mask, kv.cache, kv.logits_BxV)
+      kv = _Cache(cache, logits)
+      if self.s.record_routes:
+        routes, n_B = np.asarray(routes), mask.sum(1)
+        for r in np.flatnonzero(n_B):
+          trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :n_B[r]].transpose(1, 0, 2))
+    return kv
+
+  def _sample(self, params, kv: _Cache, trajs, live_B, budget_B, key) -> tuple[_Cache, TurnOutput]:
+    need = max(len(trajs[r].tokens) + budget_B[r] for r in np.flatnonzero(live_B))
+    span = next(n for n in self.s.span_sizes if n >= need)
+    out = self._generate_at(span, params, kv.cache, kv.logits_BxV, ~live_B, budget_B, key)
+    cache = out.pop('cache')
+    return _Cache(cache, kv.logits_BxV), TurnOutput(*jax.device_get([out['tokens'], out['logp'], out['n'],
+                                                                    out['routes']]))
+
+  def _generate_at(self, span: int, params, cache, logits_BxV, done_B, budget_B, key):
+    """`generate` reading `span` slots; every span's program is compiled at a batch size's first call."""
+    args = (params, cache, logits_BxV, done_B, budget_B, key, self.stops)
+    if (len(done_B), span) not in self._compiled:
+      for n in self.s.span_sizes:
+        self._compiled[len(done_B), n] = self._generate.lower(*args, span=n).compile()
+    return self._compiled[len(done_B), span](*args)
+
+
+def _stats(trajs: list[Trajectory], replies: list[_Reply], env_s: float, push_s: float,
+           seconds: float) -> RolloutStats:
   return RolloutStats(
-      sample_s=seconds - env_s, env_s=env_s, new_tokens=sum(r.new_tokens for r in replies),
+      sample_s=seconds - env_s - push_s, env_s=env_s, push_s=push_s, new_tokens=sum(r.new_tokens for r in replies),
       faults=sum(t.fault is not None for t in trajs), truncated=sum(t.truncated for t in trajs),
       obs_truncated=sum(r.obs_truncated for r in replies), malformed_tokens=sum(r.malformed for r in replies))
