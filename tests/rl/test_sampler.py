@@ -73,8 +73,9 @@ def test_multiturn_cache_equals_recompute(params):
 
 
 def test_short_spans_sample_what_the_whole_cache_samples(params):
-  """Turns that read only the cache's first part (sampler.spans) write the same messages with the
-  same log-probs as turns reading all of it; each span is compiled at the first turn."""
+  """Prefills and turns that read only the cache's first part (sampler.spans) write the same
+  messages with the same log-probs as those reading all of it; each span is compiled at the first
+  call of its program."""
   s = SamplerConfig(temperature=0.0, max_turn_tokens=6, max_turns=4, max_len=128, spans=4)
   assert s.span_sizes == (32, 64, 96, 128)
   runs = {}
@@ -82,7 +83,7 @@ def test_short_spans_sample_what_the_whole_cache_samples(params):
     sampler = Sampler(CFG, TOK, dataclasses.replace(s, spans=spans))
     eps = [Echo(turns=4, obs='result ' * (i + 2)) for i in range(3)]
     runs[spans] = sampler.rollout(params, eps, jax.random.key(5))[0]
-    assert sorted(sampler._compiled) == [(3, n) for n in sampler.s.span_sizes]
+    assert sorted(sampler._compiled) == [(p, 3, n) for p in ('extend', 'generate') for n in sampler.s.span_sizes]
   lens = [len(t.tokens) for t in runs[4]]
   assert min(lens) > 64  # The later turns need more than the first span.
   for a, b in zip(runs[4], runs[1]):

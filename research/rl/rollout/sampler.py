@@ -5,13 +5,13 @@ Sampler, below, samples on our KV cache, research/rl/rollout/vllm_client.py on a
 
 One jitted `generate` call samples a model message for every live row: temperature / top-k / top-p,
 stops at a stop sequence (the tokenizer's end-of-message id by default) or at the row's own token
-budget, and exits as soon as every row has stopped. Its attention reads the cache's first `span`
-slots, the fewest of `sampler.spans` equal parts that hold every live row and its budget: early
-turns do not pay for the whole episode's cache. Each span is a program, all compiled (ahead of
-time) at a batch size's first turn, so a run compiles none after it. Between turns the host hands each message to its
-environment episode, renders the observation to ids once, and prefills it into the same cache
+budget, and exits as soon as every row has stopped. Between turns the host hands each message to
+its environment episode, renders the observation to ids once, and prefills it into the same cache
 (`extend`, always sampler.chunk wide: prompts go in several chunks), so no earlier token is ever
-recomputed or re-tokenized, and a run compiles one prefill and one generate program per batch.
+recomputed or re-tokenized. Both programs' attention reads the cache's first `span` slots, the
+fewest of `sampler.spans` equal parts that hold every row they write (generate: with its budget):
+early turns do not pay for the whole episode's cache. Each (program, span) is compiled ahead of
+time at a batch size's first call, so a run compiles nothing after its first turn.
 
 The episodes of a turn step at once on a pool of threads (sandboxed episodes mostly wait on their
 subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
@@ -66,7 +66,7 @@ class SamplerConfig:
   stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
   record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
   env_workers: int = 64             # Episodes stepped at once (threads: they wait on sandboxes, not cores).
-  spans: int = 4                    # Generate programs by the cache slots they read (module docstring).
+  spans: int = 4                    # Prefill and generate programs by the cache slots they read (module docstring).
 
   def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
     for f, low in (('temperature', 0), ('top_k', 0), ('max_turn_tokens', 1), ('max_turns', 1),
@@ -87,8 +87,8 @@ class SamplerConfig:
 
   @property
   def span_sizes(self) -> tuple[int, ...]:
-    """The slots each generate program reads: `spans` equal parts of the cache, rounded up to the
-    bucket (fewer where they round alike)."""
+    """The slots each prefill and generate program reads: `spans` equal parts of the cache,
+    rounded up to the bucket (fewer where they round alike)."""
     return tuple(sorted({min(self.cache_len, _round_up(-(-self.cache_len * i // self.spans), self.bucket))
                          for i in range(1, self.spans + 1)}))
 
@@ -152,11 +152,12 @@ def _replicated(x):
   return constrain(x, (None,) * x.ndim)
 
 
-def extend(params, tokens_BxT, mask_BxT, cache, logits_BxV, *, cfg: ModelConfig):
-  """Prefills a right-padded chunk. Returns (logits at each row's last real token, or logits_BxV
+def extend(params, tokens_BxT, mask_BxT, cache, logits_BxV, *, cfg: ModelConfig, span: int):
+  """Prefills a right-padded chunk, attending to the cache's first `span` slots (every row with
+  real tokens must end below it). Returns (logits at each row's last real token, or logits_BxV
   for a row without one; cache; routes)."""
   logits, aux, cache = forward(params, tokens_BxT, cfg, segment_ids_BxT=mask_BxT.astype(jnp.int32),
-                               cache=_shard_cache(cache))
+                               cache=_shard_cache(cache), cache_span=span)
   b, t = tokens_BxT.shape
   last = t - 1 - jnp.argmax(mask_BxT[:, ::-1], axis=1)
   logits = jnp.where(jnp.any(mask_BxT, axis=1)[:, None], logits[jnp.arange(b), last], logits_BxV)
@@ -208,9 +209,9 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
 
 @functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.
 def _programs(jit: Callable, cfg: ModelConfig, s: 'SamplerConfig', pad_id: int):
-  return (jit(functools.partial(extend, cfg=cfg), donate_argnums=(3, 4)),
-          jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1,
-              static_argnames='span'))
+  return {'extend': jit(functools.partial(extend, cfg=cfg), donate_argnums=(3, 4), static_argnames='span'),
+          'generate': jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1,
+                          static_argnames='span')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,8 +458,8 @@ class Sampler(RolloutBackend):
   def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, jit: Callable = jax.jit):
     super().__init__(cfg, tok, s)
     self.records_routes = s.record_routes
-    self._prefill_program, self._generate = _programs(jit, cfg, s, tok.pad_id)
-    self._compiled = {}  # (rows, span) -> generate's executable.
+    self._programs = _programs(jit, cfg, s, tok.pad_id)
+    self._compiled = {}  # (program, rows, span) -> its executable.
 
   def _chunks(self, rows: list[list[int] | None]):
     """Each row's ids cut into right-padded chunks of sampler.chunk: (ids, mask) per chunk."""
@@ -478,9 +479,10 @@ class Sampler(RolloutBackend):
 
   def _extend(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
     """Prefills each row's new ids (None: none) into the cache a chunk at a time, recording their
-    routes."""
+    routes. The rows' trajectories already end with those ids: the span holds the longest."""
+    span = self._span(max(len(t.tokens) for t, r in zip(trajs, rows) if r))
     for ids, mask in self._chunks(rows):
-      logits, cache, routes = self._prefill_program(params, ids, mask, kv.cache, kv.logits_BxV)
+      logits, cache, routes = self._run('extend', span, len(trajs), params, ids, mask, kv.cache, kv.logits_BxV)
       kv = _Cache(cache, logits)
       if self.s.record_routes:
         routes, n_B = np.asarray(routes), mask.sum(1)
@@ -489,20 +491,23 @@ class Sampler(RolloutBackend):
     return kv
 
   def _sample(self, params, kv: _Cache, trajs, live_B, budget_B, key) -> tuple[_Cache, TurnOutput]:
-    need = max(len(trajs[r].tokens) + budget_B[r] for r in np.flatnonzero(live_B))
-    span = next(n for n in self.s.span_sizes if n >= need)
-    out = self._generate_at(span, params, kv.cache, kv.logits_BxV, ~live_B, budget_B, key)
+    span = self._span(max(len(trajs[r].tokens) + budget_B[r] for r in np.flatnonzero(live_B)))
+    out = self._run('generate', span, len(trajs), params, kv.cache, kv.logits_BxV, ~live_B, budget_B, key, self.stops)
     cache = out.pop('cache')
     return _Cache(cache, kv.logits_BxV), TurnOutput(*jax.device_get([out['tokens'], out['logp'], out['n'],
                                                                     out['routes']]))
 
-  def _generate_at(self, span: int, params, cache, logits_BxV, done_B, budget_B, key):
-    """`generate` reading `span` slots; every span's program is compiled at a batch size's first call."""
-    args = (params, cache, logits_BxV, done_B, budget_B, key, self.stops)
-    if (len(done_B), span) not in self._compiled:
+  def _span(self, need: int) -> int:
+    """The fewest cache slots of sampler.span_sizes that hold `need`."""
+    return next(n for n in self.s.span_sizes if n >= need)
+
+  def _run(self, program: str, span: int, rows: int, params, *args):
+    """`program` ('extend' or 'generate') on `rows` rows, reading `span` slots. At a batch size's
+    first call each program is compiled for every span, so that no later turn compiles."""
+    if (program, rows, span) not in self._compiled:
       for n in self.s.span_sizes:
-        self._compiled[len(done_B), n] = self._generate.lower(*args, span=n).compile()
-    return self._compiled[len(done_B), span](*args)
+        self._compiled[program, rows, n] = self._programs[program].lower(params, *args, span=n).compile()
+    return self._compiled[program, rows, span](params, *args)
 
 
 def _stats(trajs: list[Trajectory], replies: list[_Reply], env_s: float, push_s: float,
