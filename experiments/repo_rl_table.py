@@ -156,13 +156,13 @@ def run(base, workdir: str, seeds: int, arms: list[str], save) -> dict:
 
 def table(out: dict) -> dict:
   """Per row (the warm start, each arm) and column: mean and std over seeds (None where no seed has
-  a value, e.g. no episode submitted)."""
+  a value: no episode submitted, or a column newer than the run, as in docs/repo_rl's first JSONs)."""
   rows = {'warm start': out['warm_start'], **out['arms']}
   res = {}
   for name, seeds in rows.items():
     res[name] = {}
     for label, split, key in COLUMNS:
-      vals = [s[split][key] for s in seeds.values() if split in s and s[split][key] is not None]
+      vals = [s[split][key] for s in seeds.values() if s.get(split, {}).get(key) is not None]
       res[name][label] = ({'mean': float(np.mean(vals)), 'std': float(np.std(vals)), 'seeds': len(vals)}
                           if vals else None)
   return res
