@@ -6,6 +6,8 @@ wait; the sampler steps Ray episodes as local ones. Skipped where Ray is not ins
 """
 from concurrent import futures
 import functools
+import os
+import sys
 import threading
 import time
 
@@ -138,6 +140,45 @@ def test_the_sampler_steps_ray_episodes(cluster, repo_task_dir):
     assert env.metrics(episodes)['bad_calls'] == 2
   finally:
     env.shutdown()
+
+
+class _Deadly:
+  """An environment whose episodes end their worker's process at the message 'die' (as Ray's
+  memory monitor does to a worker whose episodes fill the node)."""
+  name, words = 'deadly', ()
+
+  def reset(self, task):
+    del task
+    return _DeadlyEpisode()
+
+  def at_step(self, step):
+    del step
+
+
+class _DeadlyEpisode:
+  prompt = [{'role': 'user', 'content': 'go'}]
+
+  def step(self, message):
+    if message == 'die':
+      os._exit(1)
+    return Step(observation='ok')
+
+  def close(self, reason):
+    del reason
+    return Step(done=True)
+
+
+def test_an_episode_that_kills_its_workers_is_masked_after_its_replays(ray_envs):
+  """A call that kills every worker it runs on is replayed MOST_REPLAYS times, then masked
+  (WorkerLost): it does not go on killing the workers it is moved to."""
+  ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # The workers cannot import tests/.
+  env = ray_envs(_Deadly, workers=2, warm=0)
+  ep = env.reset('task')
+  assert ep.step('fine').observation == 'ok'
+  with pytest.raises(ray_env.WorkerLost, match='MOST_REPLAYS'):
+    ep.step('die')
+  assert ep.replays == ray_env.MOST_REPLAYS and ep.ended
+  assert sum(h.lost for h in env.handles) == ray_env.MOST_REPLAYS + 1  # Its worker, then one per replay.
 
 
 # Last: the node it kills is gone for the module's later tests.

@@ -12,7 +12,8 @@ soon as its worker answers.
 - A lost worker (its process or node died): the episode is replayed on another worker from its
   message log (its state is the messages it took; the tools are deterministic) and the call that
   was lost runs there. The learner gets one result per call, so every episode is counted once.
-  Only when no worker can replay it (none left, or the replay diverged) does it raise
+  Only when no worker can replay it (none left, the replay diverged, or it was replayed
+  MOST_REPLAYS times: an episode that kills every worker it runs on) does it raise
   `WorkerLost`: the sampler masks it (reward None), as it masks any environment fault; a fault
   never scores an episode 0 or 1.
 - Timeouts: an episode whose calls have run `episode_timeout_s` on workers raises `EpisodeTimeout`
@@ -42,6 +43,10 @@ from research.rl.envs.base import Environment, Step
 # Tasks whose warm episodes a worker keeps (the least recently reset go first), bounding the work
 # areas and sandbox uids spares hold.
 _WARM_TASKS = 64
+# Replays of one episode at most. A worker lost again at the same call on another worker points at
+# the episode (a policy can make its commands take a node's memory, and Ray's monitor then kills
+# workers): without a bound, such an episode would go on killing every worker it is moved to.
+MOST_REPLAYS = 2
 
 
 class WorkerLost(RuntimeError):
@@ -257,7 +262,11 @@ class RemoteEpisode:
       self._move()
 
   def _move(self) -> None:
-    """Replays the episode on another worker after losing its own (raises WorkerLost if none can)."""
+    """Replays the episode on another worker after losing its own (raises WorkerLost if none can,
+    or if it was replayed MOST_REPLAYS times already)."""
+    if self.replays >= MOST_REPLAYS:
+      raise WorkerLost(f'episode {self.eid}: its worker was lost after {self.replays} replays '
+                       'elsewhere (ray_env.MOST_REPLAYS); masked')
     while True:
       handle = self.env.place()
       try:

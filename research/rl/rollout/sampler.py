@@ -304,9 +304,7 @@ class RolloutBackend(abc.ABC):
 
   def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig):
     self.cfg, self.tok, self.s = cfg, tok, s
-    seqs = [(tok.end_of_message_id,), *s.stop_seqs]
-    width = max(len(q) for q in seqs)
-    self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in seqs], np.int32)
+    self.stop_seqs = [(tok.end_of_message_id,), *s.stop_seqs]  # A message ends at any of them.
     self._specials = set(getattr(tok, 'special_ids', {}).values())
     self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
 
@@ -458,6 +456,8 @@ class Sampler(RolloutBackend):
   def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, jit: Callable = jax.jit):
     super().__init__(cfg, tok, s)
     self.records_routes = s.record_routes
+    width = max(len(q) for q in self.stop_seqs)  # Right-aligned, -1 (any token) on the left.
+    self.stops = np.array([[-1] * (width - len(q)) + list(q) for q in self.stop_seqs], np.int32)
     self._programs = _programs(jit, cfg, s, tok.pad_id)
     self._compiled = {}  # (program, rows, span) -> its executable.
 

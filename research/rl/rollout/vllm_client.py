@@ -132,10 +132,6 @@ class VllmBackend(RolloutBackend):
     self._lock = threading.Lock()
     self.pushes: list[Push] = []
 
-  @property
-  def stop_seqs(self) -> list[tuple[int, ...]]:
-    return [(self.tok.end_of_message_id,), *self.s.stop_seqs]
-
   def engine_args(self) -> dict:
     """vllm.LLM's arguments: the params' dtype, the episode's length, the sampler's log-probs."""
     return {'dtype': self.cfg.param_dtype, 'max_model_len': self.s.max_len, 'enable_prefix_caching': True,

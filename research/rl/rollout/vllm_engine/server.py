@@ -1,4 +1,4 @@
-"""The rollout engine: vLLM behind a JSON-lines protocol on two pipes (research/rl/rollout/vllm.py).
+"""The rollout engine: vLLM behind a JSON-lines protocol on two pipes (research/rl/rollout/vllm_client.py).
 
     .venv-vllm/bin/python -m research.rl.rollout.vllm_engine.server --fds=R,W --engine='{...}'
 
