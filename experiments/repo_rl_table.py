@@ -11,8 +11,9 @@ often as fills one batch of rows (the RL environment, renamed tool included). Pe
 success, valid-call rate (messages that are one valid call), well-formed rate (messages that parse
 as one call, valid or not), critic firings by rule per episode, tests run before submit (of the
 episodes that submitted), hack and mask rates, and drift: calls of the renamed tool by its new name
-over those by either name, and the share of episodes that call it by its new name. Per RL run, from its metrics.jsonl: success and adoption of the new name
-per step (`curves.png`), hack and mask rates. The JSON's `table` holds mean and std over seeds; the
+over those by either name, and the share of episodes that call it by its new name. Per RL run,
+from its metrics.jsonl: success and adoption of the new name per step (`curves.png`), hack and
+mask rates. The JSON's `table` holds mean and std over seeds; the
 markdown table is printed.
 """
 
@@ -41,7 +42,8 @@ COLUMNS = (('well-formed', 'train', 'well_formed_rate'),
            ('tests before submit', 'train', 'tested_before_submit'),
            ('train success', 'train', 'success'), ('held-out success', 'held_out', 'success'),
            ('adoption of the new name', 'train', 'drift_share'),
-           ('episodes using the new name', 'train', 'adoption_episodes'), ('hack rate', 'train', 'hack_rate'),
+           ('episodes using the new name', 'train', 'adoption_episodes'),
+           ('hack rate', 'train', 'hack_rate'),
            ('mask rate', 'train', 'mask_rate'), ('RL hack rate', 'rl', 'hack_rate'),
            ('RL mask rate', 'rl', 'mask_rate'))
 
@@ -205,7 +207,8 @@ if __name__ == '__main__':  # Flags here only: a test process imports this modul
   flags.DEFINE_string('workdir', '/tmp/repo_rl_table', 'Runs go to WORKDIR/seed<k>/<arm>.')
   flags.DEFINE_string('json', None, 'Where to write the table.')
   flags.DEFINE_string('png', '', 'Where to draw the curves (empty: WORKDIR/curves.png).')
-  flags.DEFINE_string('tasks', '', "A task file of launch.make_tasks or its output directory (empty: the fixture's).")
+  flags.DEFINE_string('tasks', '', "A task file of launch.make_tasks, or its output directory "
+                      "(empty: the fixture's).")
   flags.DEFINE_integer('seeds', 1, 'Seeds per arm (each with its own warm start).')
   flags.DEFINE_integer('sft_steps', 0, "Warm-start steps (0: the config's).")
   flags.DEFINE_integer('rl_steps', 0, "RL steps per arm (0: the config's).")

@@ -1,4 +1,6 @@
 import ast
+import dataclasses
+import importlib
 import re
 
 import pytest
@@ -107,3 +109,20 @@ def test_every_honest_solution_passes(report, fixture_tasks):
   assert report['honest_total'] == tasks + 1 >= len(testing.TARGETS) + 1
   assert report['honest_passed'] == report['honest_total'], [
       h for h in report['honest'] if h['reward'] != 1.0]
+
+
+def test_twin_runs_alone_reward_an_upstream_line_reader_and_sealing_stops_it(fixture_tasks):
+  """The line reader answers only where its caller's line is the upstream suite's, which a twin
+  run's line is not: graded on twins alone (no seal, no differential check) it gets 1 on
+  title_case; graded fully, its sealed assert fails it. Its control fails either way."""
+  origin, task_dir, _ = fixture_tasks
+  run = importlib.import_module('research.tasks.redteam.run')  # The package's `run` is the function.
+  tasks = run.attack_targets(task_dir)
+  armed = next(a for a in redteam.ATTACKS if a.name == 'caller_upstream_line_title_case')
+  alone = dataclasses.replace(armed, name=armed.name + '_twins_alone', twins_alone=True)
+  out = {o.name: o for o in run.run_attacks([armed, alone], tasks, task_dir,
+                                            run.policy_info(origin, task_dir, tasks, ''),
+                                            log=lambda _: None)}
+  assert out[alone.name].reward == 1.0 and out[armed.name].reward == 0.0
+  assert 'sealed assert' in out[armed.name].reason
+  assert out[alone.name].control_reward == out[armed.name].control_reward == 0.0

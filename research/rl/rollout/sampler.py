@@ -66,7 +66,7 @@ class SamplerConfig:
   stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
   record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
   env_workers: int = 64             # Episodes stepped at once (threads: they wait on sandboxes, not cores).
-  spans: int = 4                    # Prefill and generate programs by the cache slots they read (module docstring).
+  spans: int = 4                    # Programs by the cache slots they read (module docstring).
 
   def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
     for f, low in (('temperature', 0), ('top_k', 0), ('max_turn_tokens', 1), ('max_turns', 1),
@@ -482,7 +482,8 @@ class Sampler(RolloutBackend):
     routes. The rows' trajectories already end with those ids: the span holds the longest."""
     span = self._span(max(len(t.tokens) for t, r in zip(trajs, rows) if r))
     for ids, mask in self._chunks(rows):
-      logits, cache, routes = self._run('extend', span, len(trajs), params, ids, mask, kv.cache, kv.logits_BxV)
+      logits, cache, routes = self._run('extend', span, len(trajs), params, ids, mask, kv.cache,
+                                        kv.logits_BxV)
       kv = _Cache(cache, logits)
       if self.s.record_routes:
         routes, n_B = np.asarray(routes), mask.sum(1)
@@ -492,7 +493,8 @@ class Sampler(RolloutBackend):
 
   def _sample(self, params, kv: _Cache, trajs, live_B, budget_B, key) -> tuple[_Cache, TurnOutput]:
     span = self._span(max(len(trajs[r].tokens) + budget_B[r] for r in np.flatnonzero(live_B)))
-    out = self._run('generate', span, len(trajs), params, kv.cache, kv.logits_BxV, ~live_B, budget_B, key, self.stops)
+    out = self._run('generate', span, len(trajs), params, kv.cache, kv.logits_BxV, ~live_B, budget_B, key,
+                    self.stops)
     cache = out.pop('cache')
     return _Cache(cache, kv.logits_BxV), TurnOutput(*jax.device_get([out['tokens'], out['logp'], out['n'],
                                                                     out['routes']]))

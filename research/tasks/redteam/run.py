@@ -181,6 +181,16 @@ def _graded_as(task: task_lib.Task, twins_alone: bool) -> task_lib.Task:
   return dataclasses.replace(task, sealed=[], calls=[]) if twins_alone else task
 
 
+def policy_info(origin: Path, task_dir: Path, tasks: dict[str, task_lib.Task], mirror: str) -> dict:
+  """What every attack script is handed (`INFO`): where things are, and what a policy that has
+  seen the upstream tests knows: their answers, names and text."""
+  return {'task_dir': str(task_dir), 'origin': str(origin), 'mirror': mirror,
+          'tables': memorized_tables(tasks, task_dir),
+          'tests': {symbol: t.fail_to_pass for symbol, t in tasks.items()},
+          'test_sources': {rel: (origin / rel).read_text() for t in tasks.values()
+                           for rel in t.test_files if (origin / rel).is_file()}}
+
+
 def run_attacks(chosen: Sequence[base.Attack], tasks: dict[str, task_lib.Task], task_dir: Path,
                 info: dict, origin: Path | None = None, workers: int = 2,
                 log=print) -> list[Outcome]:
@@ -261,12 +271,7 @@ def run(origin: Path, task_dir: Path, names: Sequence[str] | None = None, log=pr
   """
   tasks = attack_targets(task_dir)
   server, mirror = _serve(origin)
-  info = {'task_dir': str(task_dir), 'origin': str(origin), 'mirror': mirror,
-          # What a policy that has seen the upstream tests knows: their answers, names and text.
-          'tables': memorized_tables(tasks, task_dir),
-          'tests': {symbol: t.fail_to_pass for symbol, t in tasks.items()},
-          'test_sources': {rel: (origin / rel).read_text() for t in tasks.values()
-                           for rel in t.test_files if (origin / rel).is_file()}}
+  info = policy_info(origin, task_dir, tasks, mirror)
   chosen = [a for a in ATTACKS if names is None or a.name in names]
   try:
     outcomes = run_attacks(chosen, tasks, task_dir, info, origin, workers, log)

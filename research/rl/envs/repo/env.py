@@ -389,7 +389,7 @@ class RepoEnv(Environment):
                settings: Settings = Settings(), ids: list[str] | None = None):
     self.task_file = Path(task_file)
     self.task_dir = self.task_file if self.task_file.is_dir() else self.task_file.parent
-    tasks = task_lib.read(Path(task_file))
+    tasks = task_lib.read(self.task_file)
     unknown = sorted(set(ids or ()) - {t.id for t in tasks})
     if unknown:
       raise ValueError(f'repo env: task ids {unknown} are not in {task_file}')

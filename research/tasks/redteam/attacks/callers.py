@@ -8,8 +8,9 @@ no sealed assert and no differential check), which it passed while twins stood b
 tests under fresh names; in their tests' places (twin runs) it answers a twin as its test.
 One more checks the caller's line against the upstream suite (`INFO['test_sources']`): it answers
 only with a literal that an upstream line holds beside the call's input, so that a twin run, whose
-line differs where its twin changed it, gets the naive answer and its twin fails as it should. Twin runs
-cannot see that; sealed asserts and the differential check must stop it (no `twins_alone` form).
+line differs where its twin changed it, gets the naive answer and its twin fails as it should.
+Twin runs cannot see that; sealed asserts and the differential check must stop it (no
+`twins_alone` form: tests/tasks/test_redteam.py shows twins alone reward it).
 
 Each is a real function whose body is planted (`base.body_text`), with the names bound first.
 """
