@@ -48,7 +48,8 @@ demo: $(STAMP)
 # oracle's episodes, RL with and without targeted feedback, the before/after table and curves.png.
 demo-repo: $(STAMP) sysdeps
 	$(VPY) -m experiments.repo_rl_table --workdir=$${WORKDIR:-/tmp/demo_repo_rl} \
-	  --json=$${WORKDIR:-/tmp/demo_repo_rl}/table.json --seeds=1 --sft_steps=$(DEMO_SFT_STEPS) --rl_steps=$(DEMO_RL_STEPS)
+	  --json=$${WORKDIR:-/tmp/demo_repo_rl}/table.json --seeds=1 --config.sft.steps=$(DEMO_SFT_STEPS) \
+	  --config.rl.steps=$(DEMO_RL_STEPS)
 
 # `bazel test //tests/...` offline with Debian's Bazel 4 on the project's .venv (docs/bazel.md).
 bazel-test: $(STAMP) $(XM_STAMP) $(RAY_STAMP) sysdeps

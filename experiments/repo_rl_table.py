@@ -1,9 +1,11 @@
 """The repository RL learning table: per seed a warm start, then RL with and without targeted feedback.
 
 python -m experiments.repo_rl_table --workdir=/tmp/repo_rl_table --json=/tmp/repo_rl_table.json \
-    [--seeds=3] [--sft_steps=N] [--rl_steps=N] [--arms=feedback,outcome] [--tasks=TASKS.jsonl|DIR]
+    [--seeds=3] [--arms=feedback,outcome] [--tasks=TASKS.jsonl|DIR] [--config.sft.steps=N] \
+    [--config.rl.steps=N] [--config.sampler.max_turn_tokens=N ...]
 
-Config: experiments/repo_rl.py (RL's environment renames `view` to `open`: drift). Per seed k: a
+Config: experiments/repo_rl.py (`--config=` another; `--config.<field>=` overrides any field as
+launch.rl's do). RL's environment renames `view` to `open` (drift). Per seed k: a
 warm start (SFT seed k, WORKDIR/seed<k>/warmstart_run), then `feedback` (PG + distillation of the
 critics' hints) and `outcome` (PG alone) run RL from it on the train split. The warm start and each
 arm's final policy are evaluated with sampled rollouts of every train and held-out task, each as
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 from absl import app, flags, logging
+from ml_collections import config_flags
 import jax
 import numpy as np
 
@@ -103,12 +106,10 @@ def training(metrics_path: str, rename: tuple[str, str]) -> dict:
           'mask_rate': float(np.mean([r['mask_rate'] for r in rows]))}
 
 
-def base_config(workdir: str, sft_steps: int, rl_steps: int, tasks: str = ''):
-  """experiments/repo_rl.py with these steps (0: the config's) on `tasks` (empty: the fixture's,
-  made under workdir)."""
-  c = repo_rl.get_config()
-  c.sft.steps = sft_steps or c.sft.steps
-  c.rl.steps = rl_steps or c.rl.steps
+def base_config(workdir: str, tasks: str = '', config=None):
+  """`config` (None: experiments/repo_rl.py's) on `tasks` (empty: the fixture's, made under
+  workdir)."""
+  c = copy.deepcopy(config) if config is not None else repo_rl.get_config()
   task_file = Path(tasks or Path(workdir, 'tasks', 'tasks', 'tasks.jsonl'))
   if not tasks and not task_file.exists():
     testing.make_fixture_tasks(task_file.parent.parent, only=testing.TARGETS, log=lambda _: None,
@@ -197,7 +198,7 @@ def main(argv):
       json.dump({**out, 'table': table(out), 'load': os.getloadavg()[0], 'cpus': os.cpu_count(),
                  'devices': [str(d) for d in jax.devices()]}, fp, indent=1)
 
-  out = run(base_config(f.workdir, f.sft_steps, f.rl_steps, f.tasks), f.workdir, f.seeds, f.arms, save)
+  out = run(base_config(f.workdir, f.tasks, f.config), f.workdir, f.seeds, f.arms, save)
   if any(out['arms'].values()):
     print('curves:', curves_png(out, f.png or os.path.join(f.workdir, 'curves.png')))
   print(markdown(table(out)))
@@ -210,8 +211,7 @@ if __name__ == '__main__':  # Flags here only: a test process imports this modul
   flags.DEFINE_string('tasks', '', "A task file of launch.make_tasks, or its output directory "
                       "(empty: the fixture's).")
   flags.DEFINE_integer('seeds', 1, 'Seeds per arm (each with its own warm start).')
-  flags.DEFINE_integer('sft_steps', 0, "Warm-start steps (0: the config's).")
-  flags.DEFINE_integer('rl_steps', 0, "RL steps per arm (0: the config's).")
+  config_flags.DEFINE_config_file('config', 'experiments/repo_rl.py', 'Experiment config file.')
   flags.DEFINE_list('arms', list(ARMS), 'Arms to run (none: the warm starts alone).')
   flags.mark_flags_as_required(['json'])
   app.run(main)
