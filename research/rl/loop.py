@@ -105,7 +105,7 @@ class Rollouts(Sampled):
   feedback: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # The active rules' hints.
   all_feedback: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # Suspended rules' too.
   targets: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # Distilled (<= rl.max_targets).
-  active: np.ndarray | None = None  # Rows with a gradient: a nonzero advantage or a target.
+  active: np.ndarray | None = None  # Rollouts with a gradient (rows_trained): a nonzero advantage or a target.
   time_critic: float = 0.0
 
 
