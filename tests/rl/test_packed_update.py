@@ -76,3 +76,10 @@ def test_packed_update_equals_one_rollout_per_row(tmp_path):
   _, row = r._update(ro, state)
   assert set(r._programs) == {(p, n) for p in ('step', 'reference') for n in r.row_counts} and r.row_counts == [4, 8]
   assert row['update_rows'] == 4 and np.isclose(row['pg_loss'], aux_packed['pg_loss'], rtol=1e-5)
+
+
+def test_row_counts_are_equal_steps_in_multiples_of_the_row_devices():
+  assert loop.row_counts(16, 4, 1) == [4, 8, 12, 16]
+  assert loop.row_counts(64, 3, 8) == [24, 48, 64]  # 22 and 43 rounded up to the 8 devices.
+  assert loop.row_counts(4, 8, 1) == [1, 2, 3, 4]   # More buckets than rollouts: one per count.
+  assert loop.row_counts(16, 0, 2) == [16]          # Unpacked: one rollout per row.
