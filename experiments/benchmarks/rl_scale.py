@@ -90,7 +90,7 @@ def update_program(cfg, context: int, chunk: int, targets: int = 4, span: int = 
   state = step_lib.TrainState(sds((), jnp.int32), params, jax.eval_shape(trainer.tx.init, params))
   t, i32, f32 = (1, context), jnp.int32, jnp.float32
   rows = {'tokens': sds(t, i32), 'segment_ids': sds(t, i32), 'targets': sds(t, i32), 'mask': sds(t, f32),
-          'sampler_logp': sds(t, f32), 'adv': sds((1,), f32), 'valid': sds((1,), f32),
+          'sampler_logp': sds(t, f32), 'adv': sds(t, f32), 'valid': sds((1,), f32),
           'ref_hidden': sds((*t, cfg.d_model), jnp.dtype(cfg.dtype)),
           'routes': sds((*t, cfg.num_moe_layers, cfg.num_experts_per_tok), i32)}
   tgt = {k: sds((targets, span), i32) for k in ('d_pos', 'd_tok')}

@@ -91,6 +91,10 @@ class RLConfig:
   # once the share of masked episodes so far passes this, counted after mask_rate_after episodes.
   max_mask_rate: float = 0.02
   mask_rate_after: int = 50         # Episodes before the mask rate is judged (one fault in 16 is 6%).
+  # The update packs rollouts into rows of sampler.max_len (first fit) and pads the row count up to
+  # the nearest of this many equal steps to one row per rollout (multiples of the devices that split
+  # rows), each compiled at the first update. 0: one rollout per row (the unpacked layout).
+  row_buckets: int = 4
 
   def validate(self, path: str = 'rl.') -> 'RLConfig':
     for f in ('steps', 'tasks_per_step', 'group_size', 'max_targets'):
@@ -102,6 +106,8 @@ class RLConfig:
       raise configs.invalid(path + 'max_mask_rate', self.max_mask_rate, 'must be in [0, 1]')
     if self.mask_rate_after < 0:
       raise configs.invalid(path + 'mask_rate_after', self.mask_rate_after, 'must be >= 0')
+    if self.row_buckets < 0:
+      raise configs.invalid(path + 'row_buckets', self.row_buckets, 'must be >= 0')
     return self
 
 

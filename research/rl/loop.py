@@ -13,14 +13,16 @@ Each step: rollouts (research/rl/rollout/backends.py: ours or vLLM; with rl.stal
 ahead on a thread with older params) -> group-baseline advantages -> critic feedback -> teacher
 hidden states on the hinted contexts -> one train step (research/train/step.py, on the Trainer's
 mesh) on `objective`: pg_coef * policy gradient + distill_coef * distillation + anchor
-(research/rl/update/losses.py). Shapes are fixed (all rollouts x sampler.max_len, rl.max_targets
-distillation slots), so the update and the teacher pass compile once per run; a step where every
-group tied and no hint fired is skipped.
+(research/rl/update/losses.py). The update packs the rollouts into rows of sampler.max_len (one
+segment each), in one of rl.row_buckets row counts, each compiled at the first update; the teacher
+pass has one shape (rl.max_targets distillation slots); so no step after the first compiles. A step
+where every group tied and no hint fired is skipped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
 (both), distillation alone (pg_coef=0). Evaluation on a fixed task set before, during and after
 gives the success curves and the per-rule before/after table (tasks where a rule fired at the start).
 """
 
+from collections.abc import Callable
 from concurrent import futures
 import dataclasses
 import functools
@@ -48,7 +50,7 @@ from research.rl.feedback import probe
 from research.rl.feedback.critics import Feedback
 from research.rl.rollout import backends
 from research.rl.rollout.sampler import RolloutStats
-from research.rl.rollout.trajectory import Trajectory, routes_batch, to_batch
+from research.rl.rollout.trajectory import Place, Trajectory, one_per_row, pack, routes_batch, to_batch
 from research.rl.update import losses
 from research.rl.update import teacher as teacher_lib
 from research.rl.update.objective import objective
@@ -103,7 +105,7 @@ class Rollouts(Sampled):
   feedback: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # The active rules' hints.
   all_feedback: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # Suspended rules' too.
   targets: list[tuple[int, Feedback]] = dataclasses.field(default_factory=list)  # Distilled (<= rl.max_targets).
-  active: np.ndarray | None = None  # Rows with a gradient: a nonzero advantage or a target.
+  active: np.ndarray | None = None  # Rollouts with a gradient (rows_trained): a nonzero advantage or a target.
   time_critic: float = 0.0
 
 
@@ -133,12 +135,17 @@ class Runner:
     self.critic = critics_lib.Critic(list(c.critic.rules))
     g = c.governance
     self.gov = governance.Governance(g, self.critic, workdir, probe.Prober(self.sampler, self.env, g.k, g.probes_per_step))
-    self.teacher_fn = self.trainer.jit(functools.partial(teacher_lib.teacher_hidden, cfg=self.cfg))
-    self.reference_fn = self.trainer.jit(functools.partial(teacher_lib.reference_hidden, cfg=self.cfg))
-    self.loss = functools.partial(objective, lc=c.loss, temperature=c.sampler.temperature)
     rows = self.trainer.batch_sharding  # Rollouts and distillation slots split alike; the head as a param.
+    # Their outputs go into the update's batch: laid out as the compiled update takes them.
+    self.teacher_fn = self.trainer.jit(functools.partial(teacher_lib.teacher_hidden, cfg=self.cfg), out_shardings=rows)
+    self.reference_fn = self.trainer.jit(functools.partial(teacher_lib.reference_hidden, cfg=self.cfg),
+                                         out_shardings=rows)
+    self.loss = functools.partial(objective, lc=c.loss, temperature=c.sampler.temperature)
     self.batch_shardings = {'rows': rows, 'targets': rows,
                             'teacher_head': self.trainer.param_shardings['lm_head']['kernel']}
+    ways = mesh_lib.axis_size(self.trainer.mesh, sharding.mesh_axes('act_batch', self.trainer.rules))
+    self.row_counts = row_counts(self.batch_rows, c.rl.row_buckets, ways)
+    self._programs = {}  # (program, rows) -> the executable: the update's, compiled ahead (_compiled).
     self.step = None  # The jitted train step; fresh_state makes it (it takes the started state's shardings).
     self.state: RLState | None = None  # After run(): the final policy, optimizer state and teacher.
 
@@ -363,7 +370,7 @@ class Runner:
            'policy_tokens': float(np.mean([t.num_policy_tokens for t in trajs])),
            'time_sample': st.sample_s, 'time_env': st.env_s, 'time_critic': ro.time_critic,
            'time_push': st.push_s, 'routes_replayed': float(self.replay_routes),
-           'rows_trained': int(ro.active.sum()),
+           'rows_trained': int(ro.active.sum()), 'update_rows': 0,
            'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0, **ro.env_metrics}
     for name in self.critic.names:
       idx = [i for i, fb in ro.feedback if fb.rule == name]
@@ -374,31 +381,52 @@ class Runner:
                                                            if int(ro.groups[i]) in grp]))
     return row
 
-  def _batch(self, ro: Rollouts) -> dict[str, np.ndarray]:
-    """The rows of the update, fixed shapes (all rollouts x max_len): one compiled update for the run."""
-    seq = self.c.sampler.max_len
-    rows = to_batch(ro.trajs, seq, self.tok.pad_id)
-    rows['mask'] *= ro.valid[:, None]
-    rows['adv'] = np.where(ro.valid, ro.adv, 0.0).astype(np.float32)
-    rows['valid'] = ro.valid.astype(np.float32)
+  def _batch(self, ro: Rollouts) -> tuple[dict[str, np.ndarray], Place]:
+    """The rows of the update: the rollouts packed into rows of max_len (one segment each; with
+    rl.row_buckets = 0 one per row), as many rows as the fewest of self.row_counts that hold them.
+    Returns (rows, each rollout's place)."""
+    seq, trajs = self.c.sampler.max_len, ro.trajs
+    place = pack([len(t.tokens) for t in trajs], seq) if self.c.rl.row_buckets else one_per_row(len(trajs))
+    b = next(n for n in self.row_counts if n > max(r for r, _ in place))
+    rows = to_batch(trajs, seq, self.tok.pad_id, place, b)
+    rows['adv'] = np.zeros((b, seq), np.float32)  # Per token: a row holds several rollouts.
+    rows['valid'] = np.zeros(b, np.float32)       # Valid rollouts per row: their sum normalises the loss.
+    for i, (r, o) in enumerate(place):
+      end = o + min(len(trajs[i].tokens), seq)
+      if ro.valid[i]:
+        rows['adv'][r, o:end] = ro.adv[i]
+        rows['valid'][r] += 1
+      else:
+        rows['mask'][r, o:end] = 0
     if self.replay_routes:
-      rows['routes'] = routes_batch(ro.trajs, seq, len(ro.trajs), self.cfg.num_moe_layers,
-                                    self.cfg.num_experts_per_tok)
-    return rows
+      rows['routes'] = routes_batch(trajs, seq, b, self.cfg.num_moe_layers, self.cfg.num_experts_per_tok, place)
+    return rows, place
+
+  def _compiled(self, name: str, fn: step_lib.MeshJit, rows: int, args_at: Callable[[int], tuple]):
+    """fn's executable for `rows` rows of the update. Its first call compiles fn for every count of
+    self.row_counts (`args_at(n)`: its arguments with n rows, abstract or not), so that no later
+    step compiles whatever its rows."""
+    if (name, rows) not in self._programs:
+      for n in self.row_counts:
+        self._programs[name, n] = fn.lower(*args_at(n)).compile()
+    return self._programs[name, rows]
 
   def update_batch(self, ro: Rollouts, teacher_params) -> tuple[dict, teacher_lib.Targets]:
     """The train step's batch: rows, distillation targets with the teacher's hidden states (and the
     anchor's), the teacher's head. Returns (batch, targets)."""
     c = self.c
-    rows = self._batch(ro)
-    tg = teacher_lib.build_targets(self.tok, ro.trajs, ro.targets, {i: i for i in range(len(ro.trajs))},
+    rows, place = self._batch(ro)
+    tg = teacher_lib.build_targets(self.tok, ro.trajs, ro.targets, dict(enumerate(place)),
                                    c.sampler.max_len, c.sampler.max_turn_tokens, c.rl.max_targets)
     if tg.feedback:
       t_hidden = self.teacher_fn(teacher_params, tg.t_tokens, tg.t_seg, tg.t_pos)
     else:
       t_hidden = np.zeros((*tg.d_tok.shape, self.cfg.d_model), jnp.dtype(self.cfg.dtype))
     if self.lc.anchor_coef:
-      rows['ref_hidden'] = self.reference_fn(teacher_params, rows['tokens'], rows['segment_ids'])
+      ids = lambda n: jax.ShapeDtypeStruct((n, c.sampler.max_len), np.int32)
+      ref = self._compiled('reference', self.reference_fn, len(rows['tokens']),
+                           lambda n: (teacher_params, ids(n), ids(n)))
+      rows['ref_hidden'] = ref(teacher_params, rows['tokens'], rows['segment_ids'])
     targets = {'d_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_hidden': t_hidden}
     return {'rows': rows, 'targets': targets, 'teacher_head': teacher_params['lm_head']['kernel']}, tg
 
@@ -408,18 +436,33 @@ class Runner:
     batch, tg = self.update_batch(ro, state.teacher.params(state.params))
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
-    train, m = self.step(state.train, self.trainer.put_global(batch, self.batch_shardings), None)
+    b = len(batch['rows']['tokens'])
+
+    def args_at(n: int) -> tuple:  # Abstract: numpy leaves do not lower split over several processes.
+      shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+      rows = {k: jax.ShapeDtypeStruct((n, *v.shape[1:]), v.dtype) for k, v in batch['rows'].items()}
+      return state.train, {**jax.tree.map(shape, batch), 'rows': rows}, None
+    step = self._compiled('step', self.step, b, args_at)
+    train, m = step(state.train, self.trainer.put_global(batch, self.batch_shardings), None)
     state.teacher.update(train.params)
     m = jax.device_get(m)
     kl_N = m.pop('kl_N')[:len(tg.feedback)]
     row = {k: float(v) for k, v in m.items()}
     row.update(time_teacher=t1 - t0, time_update=time.perf_counter() - t1, hint_overflow=tg.overflow,
-               distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0)
+               distill_kl=float(kl_N.mean()) if len(kl_N) else 0.0, update_rows=b)
     for name in self.critic.names:
       ks = [k for k, (_, fb) in zip(kl_N, tg.feedback) if fb.rule == name]
       if ks:
         row[f'rule/{name}/kl'] = float(np.mean(ks))
     return RLState(train, state.teacher), row
+
+
+def row_counts(rollouts: int, buckets: int, multiple: int) -> list[int]:
+  """The update's row counts: `buckets` equal steps up to one row per rollout, each rounded up to a
+  multiple of `multiple` (the devices that split rows; it divides `rollouts`). 0 buckets: one count,
+  a row per rollout."""
+  up = lambda n, m: -(-n // m) * m  # n rounded up to a multiple of m.
+  return sorted({up(-(-rollouts * k // buckets), multiple) for k in range(1, buckets + 1)} or {rollouts})
 
 
 class MaskRateError(RuntimeError):

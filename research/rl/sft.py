@@ -18,6 +18,7 @@ import tqdm
 from research import configs
 from research.parallel import mesh as mesh_lib
 from research.parallel import sharding
+from research.rl.rollout.trajectory import pack
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
 from research.train import optimizer as optim
@@ -64,30 +65,18 @@ def batch(tok: Tokenizer, convs: list[list[dict]], seq_len: int, row_multiple: i
   demonstrations average half a row. The row count is rounded up to `row_multiple`, so a run
   compiles a few shapes. Conversations longer than seq_len are cut.
   """
-  rendered = sorted((render(tok, conv) for conv in convs), key=lambda r: -len(r[0]))
-  rows: list[list[tuple[list[int], list[bool]]]] = []
-  free: list[int] = []
-  for ids, loss in rendered:
-    ids, loss = ids[:seq_len], loss[:seq_len]
-    r = next((i for i, f in enumerate(free) if f >= len(ids)), None)
-    if r is None:
-      rows.append([])
-      free.append(seq_len)
-      r = len(rows) - 1
-    rows[r].append((ids, loss))
-    free[r] -= len(ids)
-  b = -(-len(rows) // row_multiple) * row_multiple
+  rendered = [(ids[:seq_len], loss[:seq_len]) for ids, loss in (render(tok, conv) for conv in convs)]
+  place = pack([len(ids) for ids, _ in rendered], seq_len)
+  b = -(-max((r + 1 for r, _ in place), default=0) // row_multiple) * row_multiple
   out = {k: np.zeros((b, seq_len), np.int32) for k in ('tokens', 'targets', 'segment_ids', 'loss_mask')}
   out['tokens'][:] = tok.pad_id
-  for r, row in enumerate(rows):
-    off = 0
-    for seg, (ids, loss) in enumerate(row, 1):
-      n = len(ids)
-      out['tokens'][r, off:off + n] = ids
-      out['segment_ids'][r, off:off + n] = seg
-      out['targets'][r, off:off + n - 1] = ids[1:]
-      out['loss_mask'][r, off:off + n - 1] = loss[1:]
-      off += n
+  for i in sorted(range(len(rendered)), key=lambda i: place[i]):  # Segment ids in row order.
+    (ids, loss), (r, off) = rendered[i], place[i]
+    n = len(ids)
+    out['tokens'][r, off:off + n] = ids
+    out['segment_ids'][r, off:off + n] = out['segment_ids'][r].max() + 1
+    out['targets'][r, off:off + n - 1] = ids[1:]
+    out['loss_mask'][r, off:off + n - 1] = loss[1:]
   return out
 
 

@@ -84,8 +84,8 @@ def _run_updates(c, r, params, t, feedback, adv, n, teacher_params=None):
   step = jax.jit(functools.partial(step_lib.train_step, cfg=r.cfg, tx=tx, loss=functools.partial(
       objective.objective, lc=lc, temperature=1.0)))
   rows = to_batch([t], 64, r.tok.pad_id)
-  rows.update(adv=np.array([adv], np.float32), valid=np.ones(1, np.float32))
-  tg = teacher_lib.build_targets(r.tok, [t], feedback, {0: 0}, 96, 12, 1)
+  rows.update(adv=np.full((1, 64), adv, np.float32), valid=np.ones(1, np.float32))
+  tg = teacher_lib.build_targets(r.tok, [t], feedback, {0: (0, 0)}, 96, 12, 1)
   t_hidden = teacher_lib.teacher_hidden(frozen, tg.t_tokens, tg.t_seg, tg.t_pos, cfg=r.cfg)
   batch = {'rows': rows, 'teacher_head': frozen['lm_head']['kernel'], 'targets': {
       'd_row': tg.d_row, 'd_pos': tg.d_pos, 'd_tok': tg.d_tok, 'd_mask': tg.d_mask, 't_hidden': t_hidden}}

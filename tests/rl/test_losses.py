@@ -27,9 +27,10 @@ def test_pg_loss(clip):
   rng = np.random.default_rng(0)
   logp, old = -rng.random((3, 5)), -rng.random((3, 5))
   adv, mask = np.array([1.0, -0.5, 0.0]), (rng.random((3, 5)) > 0.3).astype(np.float32)
-  got, _ = losses.pg_loss(jnp.array(logp), jnp.array(old), jnp.array(adv), jnp.array(mask), 7.0, clip_eps=clip)
+  adv_BxT = jnp.array(np.repeat(adv[:, None], 5, 1))  # Per token (a trajectory's own in a row).
+  got, _ = losses.pg_loss(jnp.array(logp), jnp.array(old), adv_BxT, jnp.array(mask), 7.0, clip_eps=clip)
   # Truncated importance sampling weights each token by min(ratio, cap), with no gradient through it.
-  capped, st = losses.pg_loss(jnp.array(logp), jnp.array(old), jnp.array(adv), jnp.array(mask), 7.0, is_cap=1.2)
+  capped, st = losses.pg_loss(jnp.array(logp), jnp.array(old), adv_BxT, jnp.array(mask), 7.0, is_cap=1.2)
   if clip:
     ratio = np.exp(logp - old)
     per = -np.minimum(ratio * adv[:, None], np.clip(ratio, 1 - clip, 1 + clip) * adv[:, None])
@@ -39,7 +40,7 @@ def test_pg_loss(clip):
     np.testing.assert_allclose(capped, (per * w * mask).sum() / 7.0, rtol=1e-5)
     np.testing.assert_allclose(st['is_capped'], ((np.exp(logp - old) > 1.2) * mask).sum() / mask.sum(), rtol=1e-6)
     np.testing.assert_allclose(st['is_ess'], (w * mask).sum() ** 2 / (mask.sum() * (w * w * mask).sum()), rtol=1e-5)
-    grad = jax.grad(lambda lp: losses.pg_loss(lp, jnp.array(old), jnp.array(adv), jnp.array(mask), 7.0,
+    grad = jax.grad(lambda lp: losses.pg_loss(lp, jnp.array(old), adv_BxT, jnp.array(mask), 7.0,
                                               is_cap=1.2)[0])(jnp.array(logp))
     np.testing.assert_allclose(grad, -adv[:, None] * w * mask / 7.0, rtol=1e-5)
   np.testing.assert_allclose(got, (per * mask).sum() / 7.0, rtol=1e-5)

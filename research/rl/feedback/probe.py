@@ -127,7 +127,7 @@ def viewer_records(sampler: RolloutBackend, params, teacher_params, trajs: list[
   fbs = [(i, fb) for i, fb in feedback if i in pick]
   kl = {}
   if fbs:
-    tg = teacher_lib.build_targets(tok, trajs, fbs, {i: r for r, i in enumerate(pick)}, s.max_len,
+    tg = teacher_lib.build_targets(tok, trajs, fbs, {i: (r, 0) for r, i in enumerate(pick)}, s.max_len,
                                    s.max_turn_tokens, len(fbs))
     t_logp = np.asarray(teacher_logp(teacher_params, tg.t_tokens, tg.t_seg, tg.t_pos,
                                                  cfg=sampler.cfg, temperature=s.temperature))

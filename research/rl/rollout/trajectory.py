@@ -6,7 +6,8 @@ corrupts training). `policy` marks the tokens the policy sampled, `logp` holds t
 log-probs of those tokens, `messages` the spans of the model messages. A hint is spliced in only for
 the teacher pass (`with_hint`), which returns where the hint and the target message sit.
 
-Training arrays use the next-token convention: position t of `to_batch` predicts token t+1.
+Training arrays use the next-token convention: position t of `to_batch` predicts token t+1; `pack`
+puts several trajectories in a row (one segment each) so that the update computes on real tokens.
 """
 
 import dataclasses
@@ -99,33 +100,63 @@ def with_hint(tok: Tokenizer, traj: Trajectory, message: int, hint: str,
   return HintedContext(ids, (h0, h0 + len(hint_ids)), (h0 + len(hint_ids) + opener, len(ids)))
 
 
-def to_batch(trajs: list[Trajectory], seq_len: int, pad_id: int, rows: int | None = None) -> dict:
-  """Right-padded training arrays, rows x seq_len, in the next-token convention.
+Place = list[tuple[int, int]]      # Per item: (row, offset of its first token) in rows of seq_len.
 
-  tokens, segment_ids (1 real / 0 pad), targets (token t+1), mask (target is a policy token),
-  sampler_logp (the sampler's log-prob of the target). Trajectories longer than seq_len are cut
-  (their tail leaves the loss; the rollout already keeps them within the limit).
+
+def pack(lengths: list[int], seq_len: int) -> Place:
+  """Items (cut to seq_len) packed into rows of seq_len: first fit, longest first. The rows used
+  are 0 .. the largest row; an item of exactly seq_len has a row of its own."""
+  place: Place = [(0, 0)] * len(lengths)
+  free: list[int] = []
+  for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    n = min(lengths[i], seq_len)
+    r = next((r for r, f in enumerate(free) if f >= n), len(free))
+    if r == len(free):
+      free.append(seq_len)
+    place[i] = (r, seq_len - free[r])
+    free[r] -= n
+  return place
+
+
+def one_per_row(n: int) -> Place:
+  return [(i, 0) for i in range(n)]
+
+
+def to_batch(trajs: list[Trajectory], seq_len: int, pad_id: int, place: Place | None = None,
+             rows: int | None = None) -> dict:
+  """Training arrays, rows x seq_len, in the next-token convention: each trajectory at its `place`
+  (default one per row; `pack` fills rows with several), the rest padding.
+
+  tokens, segment_ids (1, 2, .. per trajectory of a row in order; 0 pad), targets (token t+1),
+  mask (target is a policy token), sampler_logp (the sampler's log-prob of the target). A
+  segment's last position has no target. Trajectories longer than seq_len are cut (their tail
+  leaves the loss; the rollout already keeps them within the limit).
   """
-  rows = rows or len(trajs)
+  place = place or one_per_row(len(trajs))
+  rows = rows or max((r + 1 for r, _ in place), default=0)
   tokens = np.full((rows, seq_len), pad_id, np.int32)
   seg = np.zeros((rows, seq_len), np.int32)
   targets = np.full((rows, seq_len), pad_id, np.int32)
   mask = np.zeros((rows, seq_len), np.float32)
   logp = np.zeros((rows, seq_len), np.float32)
-  for r, t in enumerate(trajs):
+  for i in sorted(range(len(trajs)), key=lambda i: place[i]):  # Segment ids in row order.
+    t, (r, o) = trajs[i], place[i]
     n = min(len(t.tokens), seq_len)
-    tokens[r, :n] = t.tokens[:n]
-    seg[r, :n] = 1
-    targets[r, :n - 1] = t.tokens[1:n]
-    mask[r, :n - 1] = t.policy[1:n]
-    logp[r, :n - 1] = t.logp[1:n]
+    tokens[r, o:o + n] = t.tokens[:n]
+    seg[r, o:o + n] = seg[r].max() + 1
+    targets[r, o:o + n - 1] = t.tokens[1:n]
+    mask[r, o:o + n - 1] = t.policy[1:n]
+    logp[r, o:o + n - 1] = t.logp[1:n]
   return {'tokens': tokens, 'segment_ids': seg, 'targets': targets, 'mask': mask, 'sampler_logp': logp}
 
 
-def routes_batch(trajs: list[Trajectory], seq_len: int, rows: int, num_layers: int, k: int):
-  """Recorded routes, rows x seq_len x L_moe x k (pads route to 0): split by rows like the batch."""
+def routes_batch(trajs: list[Trajectory], seq_len: int, rows: int, num_layers: int, k: int,
+                 place: Place | None = None):
+  """Recorded routes, rows x seq_len x L_moe x k (pads route to 0), each trajectory at its place
+  as in `to_batch`."""
+  place = place or one_per_row(len(trajs))
   out = np.zeros((rows, seq_len, num_layers, k), np.int32)
-  for r, t in enumerate(trajs):
+  for t, (r, o) in zip(trajs, place):
     n = min(len(t.routes), seq_len)
-    out[r, :n] = np.stack(t.routes[:n])
+    out[r, o:o + n] = np.stack(t.routes[:n])
   return out

@@ -46,8 +46,9 @@ def group_advantages(rewards_B, groups_B, valid_B, *, std_norm: bool = False, ep
   return adv.astype(np.float32)
 
 
-def pg_loss(logp_BxT, sampler_logp_BxT, adv_B, mask_BxT, denom, *, clip_eps: float = 0.0, is_cap: float = 0.0):
+def pg_loss(logp_BxT, sampler_logp_BxT, adv_BxT, mask_BxT, denom, *, clip_eps: float = 0.0, is_cap: float = 0.0):
   """Sum over policy tokens of the per-token surrogate, divided by `denom`. Returns (loss, stats).
+  adv_BxT is per token: in packed rows each token has its trajectory's advantage.
 
   With clip_eps: PPO's clipped surrogate. Else with is_cap: truncated importance sampling, each
   token's -A * log p weighted by min(p / p_sampler, is_cap) (no gradient through the weight), which
@@ -55,18 +56,17 @@ def pg_loss(logp_BxT, sampler_logp_BxT, adv_B, mask_BxT, denom, *, clip_eps: flo
   stats: clip_frac, is_log_ratio (mean log p - log p_sampler), is_ess (effective sample size of the
   weights over the tokens, 1 = all equal) and is_capped (fraction of tokens whose ratio was capped).
   """
-  a = adv_B[:, None]
   log_ratio = jax.lax.stop_gradient(logp_BxT) - sampler_logp_BxT
   w = jnp.exp(log_ratio)
   n = jnp.maximum(jnp.sum(mask_BxT), 1)
   if clip_eps:
     ratio = jnp.exp(logp_BxT - sampler_logp_BxT)
-    tok = -jnp.minimum(ratio * a, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * a)
+    tok = -jnp.minimum(ratio * adv_BxT, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv_BxT)
     frac = jnp.sum((jnp.abs(ratio - 1) > clip_eps) * mask_BxT) / n
   else:
     if is_cap:
       w = jnp.minimum(w, is_cap)
-    tok, frac = -a * logp_BxT * (w if is_cap else 1.0), jnp.zeros(())
+    tok, frac = -adv_BxT * logp_BxT * (w if is_cap else 1.0), jnp.zeros(())
   ess = jnp.sum(w * mask_BxT) ** 2 / jnp.maximum(n * jnp.sum(w * w * mask_BxT), 1e-30)
   stats = {'clip_frac': frac, 'is_log_ratio': jnp.sum(log_ratio * mask_BxT) / n, 'is_ess': ess,
            'is_capped': jnp.sum((log_ratio > jnp.log(is_cap or jnp.inf)) * mask_BxT) / n}

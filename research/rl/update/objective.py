@@ -13,9 +13,12 @@ def objective(params, batch, cfg, *, lc: LossConfig, temperature: float):
   """pg_coef * policy gradient + distill_coef * distillation + anchor_coef * anchor KL (the train
   step adds the router losses). Log-probs, KLs and entropies a chunk of positions at a time.
 
-  batch: rows (B-leading: tokens, segment_ids, targets, mask, sampler_logp, adv, valid, and routes
-  B x T x L x k for router replay, ref_hidden B x T x D for the anchor), targets (N-leading: d_row,
-  d_pos, d_tok, d_mask, t_hidden N x S x D) and teacher_head (D x V). Returns (loss, aux).
+  batch: rows (B-leading: tokens, segment_ids, targets, mask, sampler_logp, adv B x T (per token:
+  a row packs several trajectories, one segment each), valid B (valid trajectories in the row), and
+  routes B x T x L x k for router replay, ref_hidden B x T x D for the anchor), targets (N-leading:
+  d_row, d_pos, d_tok, d_mask, t_hidden N x S x D) and teacher_head (D x V). Returns (loss, aux).
+  Every term sums over tokens and normalises by batch totals, so the layout of trajectories in rows
+  changes nothing but the compute.
   """
   rows, tgt, chunk = batch['rows'], batch['targets'], lc.logit_chunk
   routes = rows['routes'] if 'routes' in rows else None

@@ -11,6 +11,7 @@ tokens in the original context). Teacher weights:
 A context that no longer fits `seq_len` with its hint is dropped from distillation and counted.
 """
 
+from collections.abc import Mapping
 import dataclasses
 
 import jax
@@ -48,7 +49,7 @@ class Targets:
   t_seg: np.ndarray
   t_pos: np.ndarray                 # N x S positions predicting each target token (teacher).
   d_row: np.ndarray                 # N: the student's batch row.
-  d_pos: np.ndarray                 # N x S positions predicting each target token (student).
+  d_pos: np.ndarray                 # N x S positions in that row predicting each target token (student).
   d_tok: np.ndarray                 # N x S the target tokens.
   d_mask: np.ndarray                # N x S real target tokens.
   feedback: list                    # (trajectory index, Feedback) kept, in row order.
@@ -56,10 +57,11 @@ class Targets:
 
 
 def build_targets(tok: Tokenizer, trajs: list[Trajectory], feedback: list[tuple[int, Feedback]],
-                  row_of: dict[int, int], seq_len: int, span: int, rows: int) -> Targets:
+                  place: Mapping[int, tuple[int, int]], seq_len: int, span: int, rows: int) -> Targets:
   """Teacher contexts (padded to seq_len) in `rows` >= len(feedback) slots.
 
-  `row_of` maps a trajectory index to its row in the student batch.
+  `place` maps a trajectory index to where it sits in the student batch: (row, offset of its first
+  token), as research/rl/rollout/trajectory.py's `to_batch` lays it out.
   """
   ctxs, kept, overflow = [], [], 0
   for i, fb in feedback:
@@ -79,10 +81,10 @@ def build_targets(tok: Tokenizer, trajs: list[Trajectory], feedback: list[tuple[
     n = min(m.end - m.start, span)
     t_tokens[j, :len(ctx.tokens)], t_seg[j, :len(ctx.tokens)] = ctx.tokens, 1
     t_pos[j, :n] = np.arange(ctx.target[0] - 1, ctx.target[0] - 1 + n)
-    d_pos[j, :n] = np.arange(m.start - 1, m.start - 1 + n)
+    d_row[j], off = place[i]
+    d_pos[j, :n] = np.arange(off + m.start - 1, off + m.start - 1 + n)
     d_tok[j, :n] = trajs[i].tokens[m.start:m.start + n]
     d_mask[j, :n] = 1
-    d_row[j] = row_of[i]
   return Targets(t_tokens, t_seg, t_pos, d_row, d_pos, d_tok, d_mask, kept, overflow)
 
 
