@@ -13,6 +13,13 @@ fewest of `sampler.spans` equal parts that hold every row they write (generate: 
 early turns do not pay for the whole episode's cache. Each (program, span) is compiled ahead of
 time at a batch size's first call, so a run compiles nothing after its first turn.
 
+A `Stream` drives any engine's rows: `rollout` gives each episode a row and samples every row's
+message of a turn at once; a narrower Stream refills a row with a queued episode as soon as its
+episode ends (continuous batching: `reset_rows` empties the row's cache, compiled with the cache)
+and lets rows whose tool call is slow wait without holding up the others (rl.stream). Every
+episode samples with its own key (message k with fold_in(its key, k)), so its trajectory does not
+depend on its row or on the episodes beside it.
+
 The episodes of a turn step at once on a pool of threads (sandboxed episodes mostly wait on their
 subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
 whatever the timing, and a raising episode takes the one fault path however it ran.
@@ -504,7 +511,7 @@ class Stream:
   def free_rows(self) -> int:
     return self.slots.count(None)
 
-  def advance(self, params, version: int = 0) -> 'Turn':
+  def advance(self, params, version: int = 0) -> Turn:
     """One turn with `params` (the learner's `version`: updates so far)."""
     t0 = time.perf_counter()
     with self.b.lock:
