@@ -409,7 +409,7 @@ class Runner:
            'rows_trained': int(ro.active.sum()),
            'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0, **ro.env_metrics}
     if ro.taken is not None:
-      carried = ro.taken.staleness[ro.taken.staleness > 0]
+      carried = ro.taken.staleness_B[ro.taken.staleness_B > 0]
       row.update(episodes_carried=len(carried), staleness_mean=float(carried.mean()) if len(carried) else 0.0,
                  episodes_running=ro.taken.running, stale_dropped=ro.taken.dropped)
     for name in self.critic.names:

@@ -1,7 +1,9 @@
 """The sampler: cache equals recompute, sampling filters, stops, multi-turn, faults and limits;
 streaming: rows refilled as episodes end (Stream), groups taken as they complete (rollout/groups.py)
 and the staleness bound."""
+import contextlib
 import dataclasses
+import logging
 import time
 
 import jax
@@ -277,16 +279,34 @@ def _takes(gs, params, n_takes):
   return [gs.take(params, v, 1) for v in range(n_takes)]
 
 
+@contextlib.contextmanager
+def _compiles():
+  """The programs jax compiles inside the block (their log lines)."""
+  seen, logger = [], logging.getLogger('jax')
+  handler = logging.Handler()
+  handler.emit = lambda rec: seen.append(rec.getMessage()) if rec.getMessage().startswith('Compiling') else None
+  logger.addHandler(handler)
+  try:
+    with jax.log_compiles(True):
+      yield seen
+  finally:
+    logger.removeHandler(handler)
+
+
 def test_a_long_group_carries_over_and_is_used_once(params):
   """Group 0's episodes take 4 turns, the others' 1: updates take the short groups first, group 0
-  joins a later update (3 updates behind), and every episode taken is taken once, ended."""
+  joins a later update (3 updates behind), and every episode taken is taken once, ended. Nothing
+  compiles after the first take (rows reset, refilled, sampled on every span)."""
   s = SamplerConfig(temperature=1.0, max_turn_tokens=4, max_turns=4, max_len=96)
   gs = _groups(Sampler(CFG, TOK, s), 4, None, lambda g: [Echo(turns=4 if g == 0 else 1) for _ in range(2)], 5)
-  takes = _takes(gs, params, 5)
+  takes = [gs.take(params, 0, 1)]
+  with _compiles() as compiled:
+    takes += [gs.take(params, v, 1) for v in range(1, 5)]
+  assert not compiled, compiled
   gids = [t.groups[0].gid for t in takes]
   assert gids[0] != 0 and 0 in gids, gids
   zero = takes[gids.index(0)]
-  assert list(zero.staleness) == [3, 3] and all(len(e.traj.messages) == 4 for e in zero.groups[0].members)
+  assert list(zero.staleness_B) == [3, 3] and all(len(e.traj.messages) == 4 for e in zero.groups[0].members)
   assert takes[0].running == 2  # Group 0 carried on.
   eps = [e for t in takes for g in t.groups for e in g.members]
   assert len({id(e) for e in eps}) == len(eps) and all(e.traj.done for e in eps)
@@ -322,4 +342,4 @@ def test_groups_past_the_staleness_bound_are_dropped_unscored(params):
   assert [t.dropped for t in takes] == [0, 0, 2, 0, 0]
   assert 0 not in [t.groups[0].gid for t in takes]
   assert [e.closed for e in made[0]] == ['dropped', 'dropped'] and all(e.n == 2 for e in made[0])
-  assert all(int(t.staleness.max()) <= 1 for t in takes)
+  assert all(int(t.staleness_B.max()) <= 1 for t in takes)

@@ -45,7 +45,7 @@ class Taken:
   """One take: the groups an update trains on and what carries over."""
   groups: list[Group]               # In the order they completed.
   stats: RolloutStats               # Of the turns since the last take.
-  staleness: np.ndarray             # Per episode of `groups`: updates between its first token and this one.
+  staleness_B: np.ndarray           # Per episode of `groups`: updates between its first token and this one.
   dropped: int                      # Episodes dropped at this take (their group passed the bound).
   running: int                      # Episodes carried over to a later take (in the rows or queued).
 

@@ -453,10 +453,10 @@ class Running:
   row: int | None = None            # Its row once admitted.
   ids: list[int] | None = None      # Ids to prefill before its next message (its prompt, an observation).
   call: futures.Future | None = None  # Its environment call in flight: a step, or a close that scores it.
-  closing: bool = False
+  closing: bool = False             # The call in flight is close(): its answer ends the episode.
   message: _Message | None = None   # Its last message, which the step in flight answers.
   version: int | None = None        # The learner's update count when its first token was sampled.
-  ended: bool = False
+  ended: bool = False               # Scored, faulted or dropped: out of the rows.
 
 
 @dataclasses.dataclass(frozen=True)
