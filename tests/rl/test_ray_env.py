@@ -145,8 +145,9 @@ def test_the_sampler_steps_ray_episodes(cluster, repo_task_dir):
                           groups=range(3))
     while any(not e.ended for e in again[:2]):
       stream.advance(params)
-    stream.drop(again[2:])
-    assert [e.traj.tokens for e in again[:2]] == [t.tokens for t in trajs] and not again[2].traj.done
+    futures.wait(stream.drop(again[2:]))
+    assert [e.traj.tokens for e in again[:2]] == [t.tokens for t in trajs]
+    assert again[2].episode.ended and not again[2].traj.done
   finally:
     env.shutdown()
 

@@ -12,6 +12,7 @@ episodes started (sampled its first token) more than `max_staleness` updates bef
 its baseline needs all G.
 """
 
+from concurrent import futures
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -76,8 +77,9 @@ class GroupStream:
                  sum(not e.ended for g in self.live for e in g.members))
 
   def close(self) -> None:
-    """Drops every group still in the stream (their episodes are closed, unscored)."""
-    self.stream.drop([e for g in self.live for e in g.members])
+    """Drops every group still in the stream; returns once their episodes are closed (unscored),
+    so that nothing calls an environment that is shut down next."""
+    futures.wait(self.stream.drop([e for g in self.live for e in g.members]))
     self.live, self.complete = [], []
 
   def _feed(self) -> None:

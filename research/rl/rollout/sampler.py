@@ -525,17 +525,20 @@ class Stream:
     self._seconds += time.perf_counter() - t0
     return turn
 
-  def drop(self, running: list[Running]) -> None:
+  def drop(self, running: list[Running]) -> list[futures.Future]:
     """Takes episodes out unscored: their rows are freed, each is closed on the pool once its call
-    in flight returns (close() frees what it holds; its Step is not read)."""
+    in flight returns (close() frees what it holds; its Step is not read). Returns the closes."""
+    closes = []
     for e in running:
       if e.row is not None and self.slots[e.row] is e:
         self.slots[e.row] = None
       if e in self.queue:
         self.queue.remove(e)
       if not e.ended and not e.closing:  # (A close in flight frees it already.)
-        self.b._pool.submit(lambda ep=e.episode, c=e.call: (c and c.exception(), _call_env(ep.close, 'dropped')))
+        closes.append(self.b._pool.submit(
+            lambda ep=e.episode, c=e.call: (c and c.exception(), _call_env(ep.close, 'dropped'))))
       e.ended = True
+    return closes
 
   def stats(self, trajs: list[Trajectory]) -> RolloutStats:
     """Statistics of the turns since the last call (faults and truncations: of `trajs`)."""
