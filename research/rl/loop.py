@@ -135,6 +135,10 @@ class Runner:
                        f'{self.tok.vocab_size}')
     self.scfg, self.lc = c.sampler, c.loss
     self.batch_rows = c.rl.tasks_per_step * c.rl.group_size
+    if c.rl.stream and jax.process_count() > 1:
+      # Every process steps every episode; which groups finish first depends on each one's timing.
+      raise ValueError(f'rl.stream runs in one process (this run has {jax.process_count()}): the '
+                       'groups an update takes depend on when episodes finish, which processes do not share')
     self.trainer = self._trainer(c.optimizer, c.rl.steps)
     self.sampler = backends.make(c.rollout, self.cfg, self.tok, c.sampler, jit=self.trainer.jit)
     # Router replay needs the routes the tokens were sampled with; else the update routes them itself.
