@@ -45,7 +45,7 @@ def _recompute_generate(params, buf_BxT, key, *, start: int, new: int, cfg, temp
     buf, key = c
     logits, _, _ = transformer.forward(params, buf, cfg)
     key, sub = jax.random.split(key)
-    tok, _ = sampler_lib.sample_logits(sub, logits[:, start + i - 1], temperature)
+    tok, _ = sampler_lib.sample_logits(jax.random.split(sub, buf.shape[0]), logits[:, start + i - 1], temperature)
     return buf.at[:, start + i].set(tok.astype(buf.dtype)), key
   return jax.lax.fori_loop(0, new, body, (buf_BxT, key))[0]
 
@@ -62,7 +62,8 @@ def bench_generation(cfg: ModelConfig, b: int, new: int, prompt: int = 32) -> di
     cache = decode.init_cache(cfg, b, prompt + new)
     logits, cache, _ = ext(params, toks, jnp.ones((b, prompt), bool), cache,
                            jnp.zeros((b, cfg.vocab_size), jnp.float32))
-    out = gen(params, cache, logits, jnp.zeros((b,), bool), jnp.full((b,), new, jnp.int32), key, never)
+    out = gen(params, cache, logits, jnp.zeros((b,), bool), jnp.full((b,), new, jnp.int32),
+              jax.random.key_data(jax.random.split(key, b)), never)
     return out['tokens']
 
   buf = jnp.zeros((b, prompt + new), jnp.int32).at[:, :prompt].set(toks)

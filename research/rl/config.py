@@ -86,6 +86,12 @@ class RLConfig:
   group_size: int = 4               # Rollouts per task (the group baseline).
   max_targets: int = 32             # Distillation slots per step (more hints: a random subset).
   staleness: int = 0                # Steps the sampler runs ahead of the update (0: synchronous; 1: one step off).
+  # Streaming (research/rl/rollout/groups.py): the sampler refills a row as soon as its episode ends
+  # (continuous batching), and each update takes the first tasks_per_step groups whose episodes have
+  # all ended; the others run on into later updates, so a slow episode holds up no step.
+  stream: bool = False
+  stream_max_staleness: int = 2     # stream: a group whose episode began more updates ago than this is dropped.
+  stream_wait_s: float = 0.05       # stream: a turn waits this long for slow tool calls before sampling without them.
   # A masked episode (an environment fault: no reward) teaches nothing; many of them mean the
   # harness is broken, or that the policy found a way to break it. The run stops with an error
   # once the share of masked episodes so far passes this, counted after mask_rate_after episodes.
@@ -102,6 +108,12 @@ class RLConfig:
         raise configs.invalid(path + f, getattr(self, f), 'must be positive')
     if self.staleness < 0:
       raise configs.invalid(path + 'staleness', self.staleness, 'must be >= 0')
+    if self.stream and self.staleness:
+      raise configs.invalid(path + 'staleness', self.staleness, 'must be 0 with rl.stream (it carries episodes over itself)')
+    if self.stream_max_staleness < 0:
+      raise configs.invalid(path + 'stream_max_staleness', self.stream_max_staleness, 'must be >= 0')
+    if self.stream_wait_s < 0:
+      raise configs.invalid(path + 'stream_wait_s', self.stream_wait_s, 'must be >= 0')
     if not 0 <= self.max_mask_rate <= 1:
       raise configs.invalid(path + 'max_mask_rate', self.max_mask_rate, 'must be in [0, 1]')
     if self.mask_rate_after < 0:

@@ -10,13 +10,23 @@ folder with its tokenizer and chat template). Warm start: `init_checkpoint` (a w
 warmstart/ holds one), else the supervised stage (research/rl/sft.py, `sft.steps` may be 0) on the
 environment's demonstrations from the start, saved to workdir/warmstart.
 Each step: rollouts (research/rl/rollout/backends.py: ours or vLLM; with rl.staleness > 0 sampled
-ahead on a thread with older params) -> group-baseline advantages -> critic feedback -> teacher
+ahead on a thread with older params; with rl.stream the first tasks_per_step groups to finish, see
+below) -> group-baseline advantages -> critic feedback -> teacher
 hidden states on the hinted contexts -> one train step (research/train/step.py, on the Trainer's
 mesh) on `objective`: pg_coef * policy gradient + distill_coef * distillation + anchor
 (research/rl/update/losses.py). The update packs the rollouts into rows of sampler.max_len (one
 segment each), in one of rl.row_buckets row counts, each compiled at the first update; the teacher
 pass has one shape (rl.max_targets distillation slots); so no step after the first compiles. A step
 where every group tied and no hint fired is skipped.
+Streaming (rl.stream, research/rl/rollout/groups.py): the sampler keeps its rows busy (a row whose
+episode ended takes a new group's episode at the next turn: continuous batching) and each update
+takes the first tasks_per_step groups whose episodes have all ended. Episodes still running carry
+over and go on sampling with each new update's params; their tokens keep the sampler's log-probs,
+which the update's token-level truncated importance weights correct (sampler.Stream: the KV cache
+is kept across updates, not recomputed). A group whose episode began more than
+rl.stream_max_staleness updates ago is dropped whole, never scored. Each row logs
+episodes_carried (trained episodes begun under older params), staleness_mean (their updates
+behind), episodes_running (carried on) and stale_dropped.
 Arms of the ablation are coefficient settings: outcome-only (distill_coef=0), targeted feedback
 (both), distillation alone (pg_coef=0). Evaluation on a fixed task set before, during and after
 gives the success curves and the per-rule before/after table (tasks where a rule fired at the start).
@@ -49,7 +59,8 @@ from research.rl.feedback import governance
 from research.rl.feedback import probe
 from research.rl.feedback.critics import Feedback
 from research.rl.rollout import backends
-from research.rl.rollout.sampler import RolloutStats
+from research.rl.rollout import groups as groups_lib
+from research.rl.rollout.sampler import RolloutStats, Stream, episode_keys
 from research.rl.rollout.trajectory import Place, Trajectory, one_per_row, pack, routes_batch, to_batch
 from research.rl.update import losses
 from research.rl.update import teacher as teacher_lib
@@ -97,6 +108,7 @@ class Sampled:
   adv: np.ndarray                   # Group-baseline advantages.
   env_metrics: dict[str, float]     # The environment's own (repo: hack_rate, env_seconds, tool calls).
   rng: np.random.Generator          # The step's generator after drawing its tasks (picks targets).
+  taken: groups_lib.Taken | None = None  # rl.stream: the groups' take (staleness, carried, dropped).
 
 
 @dataclasses.dataclass
@@ -125,6 +137,10 @@ class Runner:
                        f'{self.tok.vocab_size}')
     self.scfg, self.lc = c.sampler, c.loss
     self.batch_rows = c.rl.tasks_per_step * c.rl.group_size
+    if c.rl.stream and jax.process_count() > 1:
+      # Every process steps every episode; which groups finish first depends on each one's timing.
+      raise ValueError(f'rl.stream runs in one process (this run has {jax.process_count()}): the '
+                       'groups an update takes depend on when episodes finish, which processes do not share')
     self.trainer = self._trainer(c.optimizer, c.rl.steps)
     self.sampler = backends.make(c.rollout, self.cfg, self.tok, c.sampler, jit=self.trainer.jit)
     # Router replay needs the routes the tokens were sampled with; else the update routes them itself.
@@ -270,9 +286,12 @@ class Runner:
     bar = tqdm.tqdm(total=r.steps, initial=start, desc='rl', unit='step')
     masked = MaskCount(r.max_mask_rate, r.mask_rate_after)
     pool, pending = futures.ThreadPoolExecutor(1, thread_name_prefix='sampler') if r.staleness else None, {}
+    stream = self.group_stream(first_gid=start * r.tasks_per_step) if r.stream else None
     for step in range(start + 1, r.steps + 1):
       t0 = time.perf_counter()
-      state, row = self.train_step(step, state, self._ahead(step, state.params, pending, pool))
+      ro = (self.streamed(step, state.params, stream) if stream
+            else self._ahead(step, state.params, pending, pool))
+      state, row = self.train_step(step, state, ro)
       row['time_step'] = time.perf_counter() - t0  # Wall time: sampling ahead overlaps the rest.
       row['rollouts'] = step * self.batch_rows
       masked.add(row['env_faults'], self.batch_rows)
@@ -288,6 +307,8 @@ class Runner:
     bar.close()
     if pool:
       pool.shutdown()
+    if stream:
+      stream.close()
     ckpt.close()
     writer.close()
     self.state = state
@@ -336,10 +357,36 @@ class Runner:
     episodes = [self.env.reset(t) for t in tasks]
     trajs, st = self.sampler.rollout(params, episodes, jax.random.key(c.seed * 1_000_003 + step),
                                      tasks=tasks, groups=groups)
+    return self._scored(trajs, groups, st, episodes, rng)
+
+  def group_stream(self, first_gid: int = 0) -> groups_lib.GroupStream:
+    """rl.stream's rollouts: the sampler's batch as a Stream fed one group (task) at a time."""
+    c, r = self.c, self.c.rl
+
+    def new_group(gid: int):
+      task = self.env.sample_task(np.random.default_rng([c.seed, 3, gid]))
+      keys = episode_keys(jax.random.fold_in(jax.random.key(c.seed * 1_000_003), gid), r.group_size)
+      return [self.env.reset(task) for _ in range(r.group_size)], [task] * r.group_size, keys
+    stream = Stream(self.sampler, self.batch_rows, wait_s=r.stream_wait_s)
+    return groups_lib.GroupStream(stream, new_group, r.stream_max_staleness, first_gid)
+
+  def streamed(self, step: int, params, stream: groups_lib.GroupStream) -> Rollouts:
+    """rl.stream: the first tasks_per_step groups to finish with the params of update step - 1,
+    critiqued (the loop module docstring)."""
+    self.env.at_step(step)  # Drift: groups begun from now on see it.
+    taken = stream.take(params, step - 1, self.c.rl.tasks_per_step)
+    members = [e for g in taken.groups for e in g.members]
+    groups = np.repeat(np.arange(len(taken.groups)), self.c.rl.group_size)
+    s = self._scored([e.traj for e in members], groups, taken.stats, [e.episode for e in members],
+                     np.random.default_rng([self.c.seed, 2, step]), taken)
+    return self.critiqued(step, s)
+
+  def _scored(self, trajs, groups, stats, episodes, rng, taken=None) -> Sampled:
+    """Rollouts with their rewards and group-baseline advantages (faults masked)."""
     valid = np.array([t.fault is None for t in trajs])
     rewards = np.array([t.reward for t in trajs])
-    adv = losses.group_advantages(rewards, groups, valid, std_norm=c.loss.std_norm)
-    return Sampled(trajs, groups, st, valid, rewards, adv, self.env.metrics(episodes), rng)
+    adv = losses.group_advantages(rewards, groups, valid, std_norm=self.c.loss.std_norm)
+    return Sampled(trajs, groups, stats, valid, rewards, adv, self.env.metrics(episodes), rng, taken)
 
   def critiqued(self, step: int, s: Sampled) -> Rollouts:
     """The governed feedback of sampled rollouts, the distillation targets and the rows with a
@@ -372,6 +419,10 @@ class Runner:
            'time_push': st.push_s, 'routes_replayed': float(self.replay_routes),
            'rows_trained': int(ro.active.sum()), 'update_rows': 0,
            'pg_loss': 0.0, 'distill_loss': 0.0, 'distill_kl': 0.0, 'hint_overflow': 0, **ro.env_metrics}
+    if ro.taken is not None:
+      carried = ro.taken.staleness_B[ro.taken.staleness_B > 0]
+      row.update(episodes_carried=len(carried), staleness_mean=float(carried.mean()) if len(carried) else 0.0,
+                 episodes_running=ro.taken.running, stale_dropped=ro.taken.dropped)
     for name in self.critic.names:
       idx = [i for i, fb in ro.feedback if fb.rule == name]
       row[f'rule/{name}/fires'] = len(idx)

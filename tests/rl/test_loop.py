@@ -1,14 +1,17 @@
-"""The RL loop end to end (tiny model, few steps), resume, and that each objective term learns."""
+"""The RL loop end to end (tiny model, few steps), resume, streaming (rl.stream), and that each
+objective term learns."""
 from concurrent import futures
 import functools
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import pytest
 import torch
 import transformers
 
@@ -32,8 +35,9 @@ REQUIRED = ('step', 'reward_mean', 'success_rate', 'feedback_count', 'distill_kl
             'rollout_tokens_per_s', 'logp_mismatch', 'time_sample', 'time_teacher', 'time_update')
 
 
-def _tiny(steps=2) -> ml_collections.ConfigDict:
+def _tiny(steps=2, stream=False) -> ml_collections.ConfigDict:
   c = toolcalc_rl.get_config()
+  c.rl.stream = stream
   m = c.model
   m.d_model, m.head_dim, m.num_heads, m.num_kv_heads, m.d_expert, m.num_experts = 32, 16, 2, 1, 32, 4
   c.sft.steps, c.sft.batch_size = 4, 8
@@ -46,20 +50,23 @@ def _tiny(steps=2) -> ml_collections.ConfigDict:
   return c
 
 
-def test_loop_end_to_end_and_resume(tmp_path):
+@pytest.mark.parametrize('stream', [False, True])
+def test_loop_end_to_end_and_resume(tmp_path, stream):
+  """Batch rollouts, or rl.stream (episodes carried over between updates, refilled rows)."""
   wd = str(tmp_path)
-  summary = loop.run(_tiny(2), wd)
+  summary = loop.run(_tiny(2, stream), wd)
   rows = [json.loads(l) for l in open(os.path.join(wd, 'metrics.jsonl'))]
   steps = [r for r in rows if r['step'] > 0]
   assert [r['step'] for r in steps] == [1, 2]
   for r in steps:
     assert all(k in r for k in REQUIRED), sorted(set(REQUIRED) - set(r))
     assert r['rollouts'] == 8 * r['step'] and np.isfinite(r['pg_loss'])
-    assert r['logp_mismatch'] < 1e-3  # Router replay: the trainer sees the sampler's routes.
+    if not r.get('episodes_carried'):  # (Carried episodes were sampled by older params.)
+      assert r['logp_mismatch'] < 1e-3  # Router replay: the trainer sees the sampler's routes.
   assert 'eval_success' in steps[-1] and set(summary['by_rule']) == set(_tiny().critic.rules)
   assert os.path.exists(os.path.join(wd, 'warmstart')) and os.path.exists(os.path.join(wd, 'summary.json'))
   # Resume: two more steps continue from the checkpoint; the warm start is not repeated.
-  loop.run(_tiny(4), wd)
+  loop.run(_tiny(4, stream), wd)
   rows = [json.loads(l) for l in open(os.path.join(wd, 'metrics.jsonl'))]
   assert [r['step'] for r in rows if r['step'] > 0] == [1, 2, 3, 4]
 
@@ -218,3 +225,43 @@ def test_mask_count_judges_the_run_so_far_after_enough_episodes():
     assert str(e).startswith('step 5: 2 of 80 episodes masked (2.5%)')
   else:
     raise AssertionError('2.5% masked passed a 2% limit')
+
+
+def test_stream_config_is_checked():
+  with pytest.raises(ValueError, match='rl.staleness'):
+    configs.from_dict(rl_config.RLConfig, {'stream': True, 'staleness': 1}, 'rl')
+  with pytest.raises(ValueError, match='stream_max_staleness'):
+    configs.from_dict(rl_config.RLConfig, {'stream': True, 'stream_max_staleness': -1}, 'rl')
+
+
+def test_streamed_steps_train_on_groups_as_they_finish(tmp_path):
+  """rl.stream on toolcalc, the first group's episodes made slow (0.5 s per message): updates train
+  on other groups meanwhile and count the slow group as running; it trains in a later update, its
+  episodes begun under older params (carried, staleness >= 1), each episode in one update only."""
+  c = _tiny(12)
+  c.rl.stream, c.rl.stream_max_staleness, c.optimizer.warmup_steps = True, 100, 0
+  r = loop.Runner(c, str(tmp_path))
+  state = r.fresh_state(r.trainer.init(jax.random.key(0)).params)
+  reset, slow = r.env.reset, []
+
+  def reset_first_group_slow(task):
+    ep = reset(task)
+    if len(slow) < c.rl.group_size:
+      slow.append(ep)
+      step = ep.step
+      ep.step = lambda m: (time.sleep(0.5), step(m))[1]
+    return ep
+  r.env.reset = reset_first_group_slow
+  stream, used, rows = r.group_stream(), [], []
+  for step in range(1, 13):
+    ro = r.streamed(step, state.params, stream)
+    used += [id(t) for t in ro.trajs]
+    state, row = r.train_step(step, state, ro)
+    rows.append(row)
+    if 0 in [g.gid for g in ro.taken.groups]:
+      break
+  stream.close()
+  assert step > 1 and rows[0]['episodes_running'] >= c.rl.group_size, rows[0]
+  assert rows[-1]['episodes_carried'] >= c.rl.group_size and rows[-1]['staleness_mean'] >= 1, rows[-1]
+  assert len(used) == len(set(used)) == step * r.batch_rows
+  assert all(np.isfinite(x['pg_loss']) and x['stale_dropped'] == 0 for x in rows)

@@ -27,7 +27,7 @@ from research.rl.envs.repo import calls  # noqa: E402
 from research.rl.envs.repo import env as env_repo  # noqa: E402
 from research.rl.envs.repo import oracle as repo_oracle  # noqa: E402
 from research.rl.envs.repo import settings as repo_settings  # noqa: E402
-from research.rl.rollout.sampler import Sampler, SamplerConfig  # noqa: E402
+from research.rl.rollout.sampler import Sampler, SamplerConfig, Stream, episode_keys  # noqa: E402
 from research.tasks import task as task_lib  # noqa: E402
 from research.tokenizer.base import ByteTokenizer  # noqa: E402
 
@@ -133,11 +133,21 @@ def test_the_sampler_steps_ray_episodes(cluster, repo_task_dir):
                       moe_impl='dense')
     episodes = [env.reset(env.local.tasks[0]) for _ in range(2)]
     s = SamplerConfig(max_turn_tokens=8, max_turns=2, max_len=2048, max_obs_tokens=32)
-    trajs, stats = Sampler(cfg, tok, s).rollout(transformer.init(cfg, jax.random.key(0)), episodes,
-                                                 jax.random.key(1))
+    sampler, params = Sampler(cfg, tok, s), transformer.init(cfg, jax.random.key(0))
+    trajs, stats = sampler.rollout(params, episodes, jax.random.key(1))
     assert stats.faults == 0 and all(t.done and t.reward == 0.0 for t in trajs)
     assert [e.stats.ended_by for e in episodes] == ['turns', 'turns']
     assert env.metrics(episodes)['bad_calls'] == 2
+    # Streamed (rl.stream): the same episodes one at a time through a refilled row, not waiting
+    # for slow calls, sample what the batch sampled; a queued episode dropped is closed unscored.
+    stream = Stream(sampler, 1, wait_s=0.01)
+    again = stream.submit([env.reset(env.local.tasks[0]) for _ in range(3)], episode_keys(jax.random.key(1), 3),
+                          groups=range(3))
+    while any(not e.ended for e in again[:2]):
+      stream.advance(params)
+    futures.wait(stream.drop(again[2:]))
+    assert [e.traj.tokens for e in again[:2]] == [t.tokens for t in trajs]
+    assert again[2].episode.ended and not again[2].traj.done
   finally:
     env.shutdown()
 

@@ -1,5 +1,9 @@
-"""The sampler: cache equals recompute, sampling filters, stops, multi-turn, faults and limits."""
+"""The sampler: cache equals recompute, sampling filters, stops, multi-turn, faults and limits;
+streaming: rows refilled as episodes end (Stream), groups taken as they complete (rollout/groups.py)
+and the staleness bound."""
+import contextlib
 import dataclasses
+import logging
 import time
 
 import jax
@@ -11,7 +15,8 @@ from research.model import transformer
 from research.model.config import ModelConfig
 from research.rl.envs.base import Step
 from research.rl.update import losses
-from research.rl.rollout.sampler import Sampler, SamplerConfig, sample_logits
+from research.rl.rollout.groups import GroupStream
+from research.rl.rollout.sampler import Sampler, SamplerConfig, Stream, episode_keys, sample_logits
 from research.rl.rollout.trajectory import to_batch
 from research.tokenizer.base import ByteTokenizer
 
@@ -83,7 +88,8 @@ def test_short_spans_sample_what_the_whole_cache_samples(params):
     sampler = Sampler(CFG, TOK, dataclasses.replace(s, spans=spans))
     eps = [Echo(turns=4, obs='result ' * (i + 2)) for i in range(3)]
     runs[spans] = sampler.rollout(params, eps, jax.random.key(5))[0]
-    assert sorted(sampler._compiled) == [(p, 3, n) for p in ('extend', 'generate') for n in sampler.s.span_sizes]
+    assert sorted(sampler._compiled) == [(p, 3, n) for p in ('extend', 'generate') for n in sampler.s.span_sizes] + [
+        ('reset', 3, sampler.s.cache_len)]
   lens = [len(t.tokens) for t in runs[4]]
   assert min(lens) > 64  # The later turns need more than the first span.
   for a, b in zip(runs[4], runs[1]):
@@ -137,7 +143,7 @@ def test_greedy_equals_recompute_and_stops(params):
 
 def test_sample_logits_filters():
   logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 4000))
-  keys = jax.random.key(3)
+  keys = jax.random.split(jax.random.key(3), 4000)  # One per row.
   tok, lp = sample_logits(keys, logits, 1.0, top_k=2)
   freq = np.bincount(np.asarray(tok), minlength=4) / 4000
   assert freq[2] == freq[3] == 0 and abs(freq[0] - 0.625) < 0.03
@@ -225,3 +231,115 @@ def test_episodes_step_at_once_with_the_sequential_result(params):
     assert (a.tokens, a.policy, a.logp, a.reward, a.done, a.truncated, a.fault) == (
         b.tokens, b.policy, b.logp, b.reward, b.done, b.truncated, b.fault)
     assert [(m.text, m.info) for m in a.messages] == [(m.text, m.info) for m in b.messages]
+
+
+def _same(a, b):
+  assert (a.tokens, a.policy, a.reward, a.done, a.truncated, a.fault) == (
+      b.tokens, b.policy, b.reward, b.done, b.truncated, b.fault)
+  np.testing.assert_allclose(a.logp, b.logp, atol=1e-5)
+  assert [m.text for m in a.messages] == [m.text for m in b.messages]
+  np.testing.assert_array_equal(np.sort(a.routes, -1), np.sort(b.routes, -1))
+
+
+def test_refilled_rows_sample_what_the_batch_samples(params):
+  """8 episodes of 1 to 4 turns through 3 rows: a row whose episode ends takes the next one at the
+  next turn, so all 3 rows sample while episodes wait, in fewer turns than batches of 3; each
+  episode's trajectory (tokens, log-probs, routes, messages, reward, cut) is the one it has in a
+  batch of all 8, whose rows never refill: an episode samples with its own key in any row."""
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=6, max_turns=4, max_len=96, record_routes=True)
+  sampler = Sampler(CFG, TOK, s)
+  make = lambda: [Echo(turns=1 + (i * 3) % 5, obs='o' * i) for i in range(8)]  # 5 turns: cut at 4.
+  key = jax.random.key(11)
+  batch, _ = sampler.rollout(params, make(), key)
+  stream = Stream(sampler, 3, wait_s=None)
+  running = stream.submit(make(), episode_keys(key, 8), groups=range(8))
+  trace = []  # (episodes queued before the turn, rows that sampled in it)
+  while stream.busy:
+    queued = len(stream.queue)
+    trace.append((queued, stream.advance(params).sampled))
+  for b, e in zip(batch, running):
+    _same(b, e.traj)
+  assert any(t.truncated is False and len(t.messages) == 4 and t.reward == -0.5 for t in batch)  # A 'turns' cut.
+  assert all(n == 3 for q, n in trace if q >= 3) and sum(n for _, n in trace) == sum(len(t.messages) for t in batch)
+  in_batches_of_3 = sum(max(len(t.messages) for t in batch[i:i + 3]) for i in range(0, 8, 3))
+  assert len(trace) < in_batches_of_3, (trace, in_batches_of_3)
+  assert ('reset', 3, s.cache_len) in sampler._compiled  # Compiled with the cache, at the first turn.
+
+
+def _groups(sampler, rows, wait_s, make_group, max_staleness):
+  """A GroupStream whose group `gid` is make_group(gid): its episodes, two per group."""
+  def new_group(gid):
+    eps = make_group(gid)
+    return eps, [gid] * len(eps), episode_keys(jax.random.key(gid), len(eps))
+  return GroupStream(Stream(sampler, rows, wait_s), new_group, max_staleness)
+
+
+def _takes(gs, params, n_takes):
+  """One group per take, the learner one update further each time."""
+  return [gs.take(params, v, 1) for v in range(n_takes)]
+
+
+@contextlib.contextmanager
+def _compiles():
+  """The programs jax compiles inside the block (their log lines)."""
+  seen, logger = [], logging.getLogger('jax')
+  handler = logging.Handler()
+  handler.emit = lambda rec: seen.append(rec.getMessage()) if rec.getMessage().startswith('Compiling') else None
+  logger.addHandler(handler)
+  try:
+    with jax.log_compiles(True):
+      yield seen
+  finally:
+    logger.removeHandler(handler)
+
+
+def test_a_long_group_carries_over_and_is_used_once(params):
+  """Group 0's episodes take 4 turns, the others' 1: updates take the short groups first, group 0
+  joins a later update (3 updates behind), and every episode taken is taken once, ended. Nothing
+  compiles after the first take (rows reset, refilled, sampled on every span)."""
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=4, max_turns=4, max_len=96)
+  gs = _groups(Sampler(CFG, TOK, s), 4, None, lambda g: [Echo(turns=4 if g == 0 else 1) for _ in range(2)], 5)
+  takes = [gs.take(params, 0, 1)]
+  with _compiles() as compiled:
+    takes += [gs.take(params, v, 1) for v in range(1, 5)]
+  assert not compiled, compiled
+  gids = [t.groups[0].gid for t in takes]
+  assert gids[0] != 0 and 0 in gids, gids
+  zero = takes[gids.index(0)]
+  assert list(zero.staleness_B) == [3, 3] and all(len(e.traj.messages) == 4 for e in zero.groups[0].members)
+  assert takes[0].running == 2  # Group 0 carried on.
+  eps = [e for t in takes for g in t.groups for e in g.members]
+  assert len({id(e) for e in eps}) == len(eps) and all(e.traj.done for e in eps)
+  gs.close()
+
+
+def test_a_slow_tool_call_holds_up_no_update(params):
+  """Group 0's episodes wait 1.5 s per call: updates are taken without them meanwhile (their rows
+  wait, the others sample on), and group 0 is taken once it has ended."""
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=4, max_turns=2, max_len=96)
+  sampler = Sampler(CFG, TOK, s)
+  sampler.rollout(params, [Echo(turns=1) for _ in range(4)], jax.random.key(0))  # Compiles for 4 rows.
+  gs = _groups(sampler, 4, 0.01, lambda g: [Slow(1.5, turns=2) if g == 0 else Echo(turns=1) for _ in range(2)], 10**6)
+  t0 = time.perf_counter()
+  first = gs.take(params, 0, 1)
+  assert time.perf_counter() - t0 < 1.5 and first.groups[0].gid != 0
+  seen, v = [first.groups[0].gid], 1
+  while 0 not in seen and time.perf_counter() - t0 < 30:
+    seen.append(gs.take(params, v, 1).groups[0].gid)
+    v += 1
+  assert len(seen) == len(set(seen)) and v > 2
+  gs.close()
+
+
+def test_groups_past_the_staleness_bound_are_dropped_unscored(params):
+  """stream_max_staleness=1: group 0 (4 turns) began 2 updates before the third take, so it is
+  dropped there (counted, closed as 'dropped', never scored) and no update takes it."""
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=4, max_turns=4, max_len=96)
+  made, sampler = {}, Sampler(CFG, TOK, s)
+  gs = _groups(sampler, 4, None, lambda g: made.setdefault(g, [Echo(turns=4 if g == 0 else 1) for _ in range(2)]), 1)
+  takes = _takes(gs, params, 5)
+  sampler._pool.shutdown(wait=True)  # The dropped episodes' closes run there.
+  assert [t.dropped for t in takes] == [0, 0, 2, 0, 0]
+  assert 0 not in [t.groups[0].gid for t in takes]
+  assert [e.closed for e in made[0]] == ['dropped', 'dropped'] and all(e.n == 2 for e in made[0])
+  assert all(int(t.staleness_B.max()) <= 1 for t in takes)

@@ -14,7 +14,7 @@ from research.model.config import ModelConfig
 from research.rl.envs.base import Step
 from research.rl.rollout import backends
 from research.rl.rollout import vllm_client
-from research.rl.rollout.sampler import SamplerConfig
+from research.rl.rollout.sampler import SamplerConfig, Stream, episode_keys
 from research.rl.rollout.trajectory import Trajectory, to_batch
 from research.tokenizer.base import ByteTokenizer
 
@@ -134,6 +134,64 @@ def test_multiturn_rollout_logprobs_are_our_tempered_forward(backend):
       assert TOK.end_of_message_id not in t.tokens[m.start:m.end - 1]
   again, st2 = backend.rollout(params, [Echo(3, 'ok') for _ in range(4)], jax.random.key(3))
   assert st2.push_s == 0  # The engine holds these params already.
+
+
+def _refilled(backend, params, make, key, rows):
+  """make()'s episodes through `rows` rows refilled as they end: their trajectories."""
+  stream = Stream(backend, rows, wait_s=None)
+  eps = make()
+  running = stream.submit(eps, episode_keys(key, len(eps)), groups=range(len(eps)))
+  while stream.busy:
+    stream.advance(params)
+  return [e.traj for e in running]
+
+
+def _same_trajectories(a, b):
+  for x, y in zip(a, b):
+    assert (x.tokens, x.logp, x.reward, x.done) == (y.tokens, y.logp, y.reward, y.done)
+
+
+@needs_vllm
+def test_refilled_rows_sample_what_the_batch_samples_on_the_engine(backend):
+  """Each request is seeded from its episode's message key: 6 episodes through 2 refilled rows
+  sample what they sample in one batch of 6."""
+  params = transformer.init(CFG, jax.random.key(4))
+  make = lambda: [Echo(1 + i % 3, 'o' * i) for i in range(6)]
+  batch, _ = backend.rollout(params, make(), jax.random.key(5))
+  _same_trajectories(batch, _refilled(backend, params, make, jax.random.key(5), 2))
+
+
+class _FakeEngine:
+  """The engine's `generate` without vLLM: a request's tokens and log-probs follow from its seed
+  and prompt alone (as a seeded request's do), ending at the first stop id."""
+
+  def call(self, op, *, prompts, max_tokens, seeds, stop_ids, **_):
+    assert op == 'generate'
+    ids, logp = [], []
+    for prompt, n, seed in zip(prompts, max_tokens, seeds):
+      rng = np.random.default_rng([seed, len(prompt)])
+      out = [int(i) for i in rng.choice([*range(97, 123), *stop_ids], n)]
+      out = out[:next((k + 1 for k, i in enumerate(out) if i in stop_ids), n)]
+      ids.append(out)
+      logp.append(list(-rng.random(len(out))))
+    return {'ids': ids, 'logp': logp}
+
+  def close(self):
+    pass
+
+
+def test_the_vllm_backend_refills_rows_through_the_shared_stream(tmp_path):
+  """Without vLLM: VllmBackend on a fake engine, 6 episodes through 2 refilled rows give the
+  trajectories of one batch of 6 (requests are independent and seeded per episode)."""
+  b = vllm_client.VllmBackend(CFG, TOK, S, python='unused', weights_dir=str(tmp_path), kv_cache_gib=1,
+                              eager=True, start_timeout_s=1)
+  params = object()
+  b.engine, b._pushed = _FakeEngine(), params  # The engine holds these params: no push.
+  make = lambda: [Echo(1 + i % 3, 'o' * i) for i in range(6)]
+  batch, _ = b.rollout(params, make(), jax.random.key(5))
+  assert sorted(len(t.messages) for t in batch) == [1, 1, 2, 2, 3, 3]
+  _same_trajectories(batch, _refilled(b, params, make, jax.random.key(5), 2))
+  b.close()
 
 
 def test_cut_at_stops():

@@ -13,6 +13,13 @@ fewest of `sampler.spans` equal parts that hold every row they write (generate: 
 early turns do not pay for the whole episode's cache. Each (program, span) is compiled ahead of
 time at a batch size's first call, so a run compiles nothing after its first turn.
 
+A `Stream` drives any engine's rows: `rollout` gives each episode a row and samples every row's
+message of a turn at once; a narrower Stream refills a row with a queued episode as soon as its
+episode ends (continuous batching: `reset_rows` empties the row's cache, compiled with the cache)
+and lets rows whose tool call is slow wait without holding up the others (rl.stream). Every
+episode samples with its own key (message k with fold_in(its key, k)), so its trajectory does not
+depend on its row or on the episodes beside it.
+
 The episodes of a turn step at once on a pool of threads (sandboxed episodes mostly wait on their
 subprocesses, which use the cores): results are taken back in row order, so a rollout is the same
 whatever the timing, and a raising episode takes the one fault path however it ran.
@@ -24,7 +31,9 @@ contiguous sequence a full forward over its trajectory sees.
 """
 
 import abc
+import collections
 from concurrent import futures
+import contextlib
 import dataclasses
 import functools
 import time
@@ -103,8 +112,9 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def sample_logits(key, logits_BxV, temperature: float, top_k: int = 0, top_p: float = 1.0):
-  """Samples one token per row. Returns (tokens B, log-prob B of each token under the sampler).
+def sample_logits(keys_B, logits_BxV, temperature: float, top_k: int = 0, top_p: float = 1.0):
+  """Samples one token per row, row b with keys_B[b] (so a row samples the same whatever rows are
+  beside it). Returns (tokens B, log-prob B of each token under the sampler).
 
   The log-prob is the behaviour policy's: the tempered distribution after top-k/top-p truncation
   (renormalized over the kept tokens), so that importance ratios against the trainer's
@@ -127,7 +137,7 @@ def sample_logits(key, logits_BxV, temperature: float, top_k: int = 0, top_p: fl
     cutoff_idx = jnp.sum(cum - jax.nn.softmax(srt) < top_p, axis=-1, keepdims=True) - 1
     cutoff = jnp.take_along_axis(srt, cutoff_idx, axis=-1)
     masked = jnp.where(masked < cutoff, -jnp.inf, masked)
-  tok = jax.random.categorical(key, masked)
+  tok = jax.vmap(jax.random.categorical)(keys_B, masked)
   return tok, jnp.take_along_axis(jax.nn.log_softmax(masked), tok[:, None], -1)[:, 0]
 
 
@@ -164,10 +174,11 @@ def extend(params, tokens_BxT, mask_BxT, cache, logits_BxV, *, cfg: ModelConfig,
   return _replicated(logits), _shard_cache(cache), _replicated(_routes(aux, cfg, b, t))
 
 
-def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg: ModelConfig,
+def generate(params, cache, logits_BxV, done_B, budget_B, keys_Bx2, stops_NxS, *, cfg: ModelConfig,
              s: SamplerConfig, pad_id: int, span: int):
   """Samples one message per live row (done_B False) on the cache, attending to its first `span`
-  slots (every live row's end plus budget must fit).
+  slots (every live row's end plus budget must fit). Row b's i-th token samples with
+  fold_in(keys_Bx2[b], i) (raw key data): a message depends on its row's key only.
 
   stops_NxS: stop sequences right-aligned, -1 = any token (left padding), -2 = never matches.
   Returns dict: tokens B x max_turn_tokens, logp, n (tokens sampled per row), stopped (ended on a
@@ -176,19 +187,21 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
   b, m, w = logits_BxV.shape[0], s.max_turn_tokens, stops_NxS.shape[1]
   n_moe = cfg.num_moe_layers if s.record_routes else 0
 
+  keys_B = jax.random.wrap_key_data(keys_Bx2)
+
   def body(c):
-    key, sub = jax.random.split(c['key'])
-    tok, lp = sample_logits(sub, c['logits'], s.temperature, s.top_k, s.top_p)
+    i = c['i']
+    tok, lp = sample_logits(jax.vmap(jax.random.fold_in, (0, None))(keys_B, i), c['logits'], s.temperature,
+                            s.top_k, s.top_p)
     live = ~c['done']
     tok = jnp.where(live, tok, pad_id).astype(jnp.int32)
     logits, aux, cache = forward(params, tok[:, None], cfg, segment_ids_BxT=live[:, None].astype(jnp.int32),
                                  cache=c['cache'], cache_span=span)
-    i = c['i']
     window = jnp.where(live[:, None], jnp.concatenate([c['window'][:, 1:], tok[:, None]], 1), c['window'])
     hit = jnp.any(jnp.all((stops_NxS[None] == -1) | (stops_NxS[None] == window[:, None]), -1), -1)
     n = c['n'] + live
     out = dict(
-        i=i + 1, key=key, logits=logits[:, 0], cache=cache, n=n, window=window,
+        i=i + 1, logits=logits[:, 0], cache=cache, n=n, window=window,
         tokens=c['tokens'].at[:, i].set(tok), logp=c['logp'].at[:, i].set(jnp.where(live, lp, 0.0)),
         stopped=c['stopped'] | (live & hit), done=c['done'] | (live & (hit | (n >= budget_B))))
     if n_moe:
@@ -197,7 +210,7 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
       out['routes'] = c['routes']
     return out
 
-  init = dict(i=jnp.zeros((), jnp.int32), key=key, logits=logits_BxV, cache=cache,
+  init = dict(i=jnp.zeros((), jnp.int32), logits=logits_BxV, cache=cache,
               n=jnp.zeros((b,), jnp.int32), window=jnp.full((b, w), -1, jnp.int32),
               tokens=jnp.full((b, m), pad_id, jnp.int32), logp=jnp.zeros((b, m), jnp.float32),
               stopped=jnp.zeros((b,), bool), done=done_B | (budget_B <= 0),
@@ -207,11 +220,36 @@ def generate(params, cache, logits_BxV, done_B, budget_B, key, stops_NxS, *, cfg
           'cache': _shard_cache(out['cache'])}
 
 
+def reset_rows(cache, free_B):
+  """The cache with rows free_B emptied for new episodes: no valid slot, writes and positions from
+  0. Their old keys and values stay, masked (invalid), until the new episode overwrites them."""
+  return _shard_cache({**cache, 'valid': cache['valid'] & ~free_B[:, None],
+                       'end': jnp.where(free_B, 0, cache['end']), 'pos': jnp.where(free_B, 0, cache['pos'])})
+
+
 @functools.cache  # Every Sampler with the same configs and jit (mesh) shares the compiled programs.
 def _programs(jit: Callable, cfg: ModelConfig, s: 'SamplerConfig', pad_id: int):
   return {'extend': jit(functools.partial(extend, cfg=cfg), donate_argnums=(3, 4), static_argnames='span'),
           'generate': jit(functools.partial(generate, cfg=cfg, s=s, pad_id=pad_id), donate_argnums=1,
-                          static_argnames='span')}
+                          static_argnames='span'),
+          'reset': jit(reset_rows, donate_argnums=0)}
+
+
+@jax.jit
+def _fold_keys(episode_keys_Bx2, turn_B):
+  return jax.random.key_data(jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(episode_keys_Bx2), turn_B))
+
+
+def message_keys(episode_keys_Bx2: np.ndarray, turn_B: np.ndarray) -> np.ndarray:
+  """Each row's key for its next message (raw key data, on the host: any program's input): its
+  episode's key folded with the message's index in the episode, so an episode samples the same in
+  whatever row and batch."""
+  return np.asarray(_fold_keys(episode_keys_Bx2, turn_B))
+
+
+def episode_keys(key, n: int) -> np.ndarray:
+  """n episodes' keys (raw key data, n x 2) from one key: episode i's is the i-th split."""
+  return np.asarray(jax.random.key_data(jax.random.split(key, n)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,10 +288,6 @@ def _end(traj: Trajectory, call: _EnvCall) -> None:
     traj.fault = call.fault
   else:
     traj.reward, traj.success, traj.done = float(call.step.reward), bool(call.step.success), True
-
-
-def _live(trajs: list[Trajectory]) -> np.ndarray:
-  return np.array([not t.done and t.fault is None for t in trajs])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,12 +329,15 @@ class RolloutBackend(abc.ABC):
   """What every rollout engine shares: prompts rendered to ids, the turns, each message handed to its
   environment episode, observations rendered once, limits, faults and the statistics.
 
-  An engine implements `_begin` (the prompts in), `_sample` (one message per live row) and
-  `_extend` (observations in); `rollout` drives them and returns the same Trajectory objects,
-  whichever engine sampled. `records_routes`: the trajectories carry the MoE routes the tokens
-  were sampled with (the update replays them), else the update routes them itself.
+  An engine implements `_begin` (its state for a number of rows), `_reset` (rows emptied for new
+  episodes), `_extend` (new ids in: prompts, observations) and `_sample` (one message per live
+  row), and may override `_push` (new params in); a `Stream` drives them, `rollout` with one row
+  per episode. Every engine returns the same Trajectory objects. `records_routes`: the
+  trajectories carry the MoE routes the tokens were sampled with (the update replays them), else
+  the update routes them itself. `lock`: held while a Stream drives the engine.
   """
   records_routes: bool
+  lock: Any = contextlib.nullcontext()  # Ours: each Stream has its own cache, nothing to share.
 
   def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig):
     self.cfg, self.tok, self.s = cfg, tok, s
@@ -309,34 +346,31 @@ class RolloutBackend(abc.ABC):
     self._pool = futures.ThreadPoolExecutor(s.env_workers, thread_name_prefix='env')
 
   @abc.abstractmethod
-  def _begin(self, params, trajs: list[Trajectory]) -> tuple[Any, float]:
-    """The engine's state with every prompt in. Returns (state, seconds spent pushing weights)."""
+  def _begin(self, rows: int) -> Any:
+    """The engine's state for `rows` empty rows."""
 
   @abc.abstractmethod
-  def _sample(self, params, state, trajs: list[Trajectory], live_B: np.ndarray, budget_B: np.ndarray,
-              key) -> tuple[Any, TurnOutput]:
-    """One message per live row, at most its budget of tokens, ending at a stop sequence."""
+  def _reset(self, state, free_B: np.ndarray) -> Any:
+    """The state with rows free_B emptied (their episodes ended; new ones take them)."""
 
   @abc.abstractmethod
-  def _extend(self, params, state, rows: list[list[int] | None], trajs: list[Trajectory]) -> Any:
+  def _sample(self, params, state, trajs: list[Trajectory | None], live_B: np.ndarray, budget_B: np.ndarray,
+              keys_B) -> tuple[Any, TurnOutput]:
+    """One message per live row, at most its budget of tokens, ending at a stop sequence; row b's
+    tokens sample with keys_B[b] (raw key data; generate's rule) and depend on nothing else but
+    its trajectory."""
+
+  @abc.abstractmethod
+  def _extend(self, params, state, rows: list[list[int] | None], trajs: list[Trajectory | None]) -> Any:
     """The engine's state after each row's new ids (None: none)."""
+
+  def _push(self, params) -> float:
+    """Makes the engine sample with `params`. Returns seconds spent (0 for ours: it reads them)."""
+    del params
+    return 0.0
 
   def close(self) -> None:
     """Ends what the engine holds outside this process (nothing, for ours)."""
-
-  def _env_calls(self, calls: list[tuple[Callable[[str], Step], str]]) -> tuple[list[_EnvCall], float]:
-    """Runs the calls at once on the pool. Returns (their results in order, wall seconds)."""
-    t0 = time.perf_counter()
-    out = list(self._pool.map(lambda c: _call_env(*c), calls))
-    return out, time.perf_counter() - t0
-
-  def _close_rows(self, episodes, trajs, reasons: dict[int, str]) -> float:
-    """Cuts episodes short (row -> 'context' or 'turns'), which scores them. Returns wall seconds."""
-    rows = sorted(reasons)
-    calls, seconds = self._env_calls([(episodes[r].close, reasons[r]) for r in rows])
-    for r, call in zip(rows, calls):
-      _end(trajs[r], call)
-    return seconds
 
   def _text(self, ids) -> tuple[str, bool]:
     """The message text; a special token inside the content makes it unparseable on purpose."""
@@ -345,65 +379,28 @@ class RolloutBackend(abc.ABC):
     return self.tok.decode(body) + ('\x00<special>' if bad else ''), bad
 
   def rollout(self, params, episodes, key, *, tasks=None, groups=None):
-    """Runs every episode to its end. Returns (trajectories, RolloutStats)."""
-    t0 = time.perf_counter()
-    trajs = self._trajectories(episodes, tasks, groups)
-    state, push_s = self._begin(params, trajs)
-    replies, env_s = [], 0.0
-    for turn in range(self.s.max_turns):
-      env_s += self._close_full(episodes, trajs)
-      if not _live(trajs).any():
-        break
-      key, sub = jax.random.split(key)
-      state, turn_replies, turn_s = self._turn(params, state, episodes, trajs, sub, turn == self.s.max_turns - 1)
-      env_s += turn_s
-      replies += [r for r in turn_replies if r is not None]
-      obs = [None if r is None else r.obs for r in turn_replies]
-      if all(o is None for o in obs):
-        break
-      state = self._extend(params, state, obs, trajs)
-    env_s += self._close_rows(episodes, trajs, {r: 'turns' for r in np.flatnonzero(_live(trajs))})
-    return trajs, _stats(trajs, replies, env_s, push_s, time.perf_counter() - t0)
+    """Runs every episode to its end, one row each, every row's message of a turn sampled at once
+    (a Stream as wide as the batch that waits for every answer). Episode i samples with
+    episode_keys(key, n)[i]. Returns (trajectories, RolloutStats)."""
+    with self.lock:
+      stream = Stream(self, len(episodes), wait_s=None)
+      running = stream.submit(episodes, episode_keys(key, len(episodes)), tasks=tasks,
+                              groups=range(len(episodes)) if groups is None else groups)
+      while stream.busy:
+        stream.advance(params)
+      trajs = [e.traj for e in running]
+      return trajs, stream.stats(trajs)
 
-  def _trajectories(self, episodes, tasks, groups) -> list[Trajectory]:
-    """One trajectory per episode, holding its rendered prompt."""
-    prompts = [chat.render(self.tok, ep.prompt, add_generation_prompt=True)[0] for ep in episodes]
-    long = [len(p) for p in prompts if len(p) >= self.s.max_len]
-    if long:
-      raise ValueError(f'prompt of {long[0]} tokens does not fit sampler.max_len={self.s.max_len}')
-    return [Trajectory.from_prompt(p, task=None if tasks is None else tasks[i], prompt=episodes[i].prompt,
-                                   group=i if groups is None else groups[i]) for i, p in enumerate(prompts)]
+  def _trajectory(self, episode, task, group: int) -> Trajectory:
+    """The episode's trajectory, holding its rendered prompt."""
+    prompt = chat.render(self.tok, episode.prompt, add_generation_prompt=True)[0]
+    if len(prompt) >= self.s.max_len:
+      raise ValueError(f'prompt of {len(prompt)} tokens does not fit sampler.max_len={self.s.max_len}')
+    return Trajectory.from_prompt(prompt, task=task, prompt=episode.prompt, group=group)
 
   def _budget(self, traj: Trajectory) -> int:
     """Tokens the row may sample this turn: the turn's budget within the trajectory's length limit."""
     return min(self.s.max_turn_tokens, self.s.max_len - len(traj.tokens))
-
-  def _close_full(self, episodes, trajs) -> float:
-    """Closes the live episodes with no room for another message. Returns seconds in the env."""
-    full = [r for r in np.flatnonzero(_live(trajs)) if self._budget(trajs[r]) <= 0]
-    for r in full:
-      trajs[r].truncated = True
-    return self._close_rows(episodes, trajs, {r: 'context' for r in full}) if full else 0.0
-
-  def _turn(self, params, state, episodes, trajs, key, last: bool):
-    """Samples a message per live row and steps every live episode at once.
-
-    Returns (engine state, per row its _Reply (None for a row that had ended before this turn),
-    env seconds).
-    """
-    live = _live(trajs)
-    rows = np.flatnonzero(live)
-    budget = np.array([self._budget(t) if l else 0 for t, l in zip(trajs, live)], np.int32)
-    state, out = self._sample(params, state, trajs, live, budget, key)
-    msgs = [self._message(trajs[r], out, r) for r in rows]
-    calls, env_s = self._env_calls([(episodes[r].step, m.text) for r, m in zip(rows, msgs)])
-    replies = [None] * len(trajs)
-    for r, m, call in zip(rows, msgs, calls):
-      replies[r] = self._reply(trajs[r], m, call, last)
-    cut = {r: rep.close for r, rep in enumerate(replies) if rep is not None and rep.close}
-    if cut:
-      env_s += self._close_rows(episodes, trajs, cut)
-    return state, replies, env_s
 
   def _message(self, traj: Trajectory, out: TurnOutput, r: int) -> _Message:
     """Appends row r's sampled message to its trajectory."""
@@ -413,7 +410,7 @@ class RolloutBackend(abc.ABC):
     text, malformed = self._text(ids)
     return _Message(ids, text, malformed, traj.add_model(ids, out.logp_BxM[r, :n], text, routes))
 
-  def _reply(self, traj: Trajectory, m: _Message, call: _EnvCall, last: bool) -> _Reply:
+  def _reply(self, traj: Trajectory, m: _Message, call: _EnvCall) -> _Reply:
     """What the episode's answer to a message means: its end, a cut, or the observation's ids."""
     if call.step is not None:
       m.entry.info = dict(call.step.info)
@@ -422,6 +419,7 @@ class RolloutBackend(abc.ABC):
       return _Reply(None, None, len(m.ids), m.malformed, False)
     obs, cut = self._observation(call.step.observation, m.ids)
     # The next message needs room too: an observation that reaches max_len ends the episode.
+    last = len(traj.messages) >= self.s.max_turns
     reason = 'turns' if last else 'context' if len(traj.tokens) + len(obs) >= self.s.max_len else None
     if reason:
       traj.truncated = reason == 'context'
@@ -444,6 +442,190 @@ class RolloutBackend(abc.ABC):
     closing = tok.message_suffix('assistant')[int(len(msg_ids) > 0 and msg_ids[-1] == tok.end_of_message_id):]
     return [*closing, *tok.message_prefix('tool'), *body, *tok.message_suffix('tool'),
             *chat.generation_prompt(tok)], cut
+
+
+@dataclasses.dataclass(eq=False)
+class Running:
+  """An episode in a Stream: its trajectory, its key and what it waits for."""
+  episode: Any
+  traj: Trajectory
+  key: np.ndarray                   # Raw key data: message k samples with fold_in(key, k) in any row.
+  row: int | None = None            # Its row once admitted.
+  ids: list[int] | None = None      # Ids to prefill before its next message (its prompt, an observation).
+  call: futures.Future | None = None  # Its environment call in flight: a step, or a close that scores it.
+  closing: bool = False             # The call in flight is close(): its answer ends the episode.
+  message: _Message | None = None   # Its last message, which the step in flight answers.
+  version: int | None = None        # The learner's update count when its first token was sampled.
+  ended: bool = False               # Scored, faulted or dropped: out of the rows.
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+  """What one Stream.advance did."""
+  ended: list[Running]              # Episodes that ended in it, scored or faulted.
+  sampled: int                      # Rows that sampled a message.
+
+
+class Stream:
+  """Continuous batching: `rows` rows of a backend's batch, each holding one episode at a time.
+
+  `submit` queues episodes; each `advance(params)` is one turn: rows whose episode ended are
+  emptied (`_reset`: a jitted program for ours, compiled with the cache, so nothing compiles after
+  the first turn) and take queued episodes, whose prompts are prefilled with the observations of the
+  others; every row whose episode waits for the model samples a message, which goes to its episode
+  on the backend's pool; then the turn waits for the episodes' answers. wait_s None (`rollout`):
+  for every answer, so all rows sample in step. Else up to wait_s and until at least one answer:
+  an episode whose tool call is slow keeps its row but holds up no other, and answers that come
+  later are taken at a later turn. An episode's trajectory depends on its key, its prompt and its
+  answers only, not on its row, the rows beside it or the timing.
+
+  Params may change between turns (a learner's update). The rows' cache is then kept, not
+  recomputed: the tokens already sampled keep the log-probs of the params that sampled them, which
+  the update's truncated importance weights correct for, and recomputing each running episode's
+  whole context at every update would cost a prefill of every row per step. New tokens attend to
+  keys and values of the older params (as in PipelineRL's in-flight updates); the recorded log-probs
+  are those of exactly that mixture, so the importance weights stay exact. (vLLM drops its prefix
+  cache at a push and recomputes each request's context: vllm_client.py.)
+  """
+
+  def __init__(self, backend: RolloutBackend, rows: int, wait_s: float | None):
+    self.b, self.rows, self.wait_s = backend, rows, wait_s
+    self.slots: list[Running | None] = [None] * rows
+    self.queue: collections.deque[Running] = collections.deque()
+    self.state = None                 # The engine's, made at the first turn.
+    self._replies: list[_Reply] = []  # Since the last stats().
+    self._env_s = self._push_s = self._seconds = 0.0
+
+  def submit(self, episodes, keys: np.ndarray, *, tasks=None, groups) -> list[Running]:
+    """Queues episodes (keys: raw key data, one row each; groups: a trajectory's group each)."""
+    out = [Running(ep, self.b._trajectory(ep, None if tasks is None else tasks[i], int(g)), keys[i])
+           for i, (ep, g) in enumerate(zip(episodes, groups))]
+    self.queue.extend(out)
+    return out
+
+  @property
+  def busy(self) -> bool:
+    return bool(self.queue) or any(self.slots)
+
+  @property
+  def free_rows(self) -> int:
+    return self.slots.count(None)
+
+  def advance(self, params, version: int = 0) -> Turn:
+    """One turn with `params` (the learner's `version`: updates so far)."""
+    t0 = time.perf_counter()
+    with self.b.lock:
+      self._push_s += self.b._push(params)
+      if self.state is None:
+        self.state = self.b._begin(self.rows)
+      self._admit()
+      self._prefill(params)
+      sampled = self._sample(params, version)
+    turn = Turn(self._answers(), sampled)
+    self._seconds += time.perf_counter() - t0
+    return turn
+
+  def drop(self, running: list[Running]) -> list[futures.Future]:
+    """Takes episodes out unscored: their rows are freed, each is closed on the pool once its call
+    in flight returns (close() frees what it holds; its Step is not read). Returns the closes."""
+    closes = []
+    for e in running:
+      if e.row is not None and self.slots[e.row] is e:
+        self.slots[e.row] = None
+      if e in self.queue:
+        self.queue.remove(e)
+      if not e.ended and not e.closing:  # (A close in flight frees it already.)
+        closes.append(self.b._pool.submit(
+            lambda ep=e.episode, c=e.call: (c and c.exception(), _call_env(ep.close, 'dropped'))))
+      e.ended = True
+    return closes
+
+  def stats(self, trajs: list[Trajectory]) -> RolloutStats:
+    """Statistics of the turns since the last call (faults and truncations: of `trajs`)."""
+    out = _stats(trajs, self._replies, self._env_s, self._push_s, self._seconds)
+    self._replies, self._env_s, self._push_s, self._seconds = [], 0.0, 0.0, 0.0
+    return out
+
+  def _trajs(self) -> list[Trajectory | None]:
+    return [e and e.traj for e in self.slots]
+
+  def _admit(self) -> None:
+    """Queued episodes into empty rows, their rows reset and their prompts to prefill."""
+    free = [r for r, e in enumerate(self.slots) if e is None][:len(self.queue)]
+    if not free:
+      return
+    for r in free:
+      e = self.slots[r] = self.queue.popleft()
+      e.row, e.ids = r, list(e.traj.tokens)
+    self.state = self.b._reset(self.state, np.isin(np.arange(self.rows), free))
+
+  def _prefill(self, params) -> None:
+    rows = [e.ids if e is not None else None for e in self.slots]
+    if any(rows):
+      self.state = self.b._extend(params, self.state, rows, self._trajs())
+      for e in self.slots:
+        if e is not None:
+          e.ids = None
+
+  def _sample(self, params, version: int) -> int:
+    """A message for every row waiting for one; those with no room left are closed instead.
+    Returns the rows sampled."""
+    ready = [e for e in self.slots if e is not None and e.call is None]
+    for e in ready:
+      if self.b._budget(e.traj) <= 0:
+        e.traj.truncated = True
+        self._call(e, 'close', 'context')
+    ready = [e for e in ready if e.call is None]
+    if not ready:
+      return 0
+    live_B, budget_B = np.zeros(self.rows, bool), np.zeros(self.rows, np.int32)
+    keys_B, turn_B = np.zeros((self.rows, *ready[0].key.shape), ready[0].key.dtype), np.zeros(self.rows, np.int32)
+    for e in ready:
+      live_B[e.row], budget_B[e.row] = True, self.b._budget(e.traj)
+      keys_B[e.row], turn_B[e.row] = e.key, len(e.traj.messages)
+    self.state, out = self.b._sample(params, self.state, self._trajs(), live_B, budget_B,
+                                     message_keys(keys_B, turn_B))
+    for e in ready:
+      e.version = version if e.version is None else e.version
+      e.message = self.b._message(e.traj, out, e.row)
+      self._call(e, 'step', e.message.text)
+    return len(ready)
+
+  def _call(self, e: Running, method: str, arg: str) -> None:
+    e.call, e.closing = self.b._pool.submit(_call_env, getattr(e.episode, method), arg), method == 'close'
+
+  def _answers(self) -> list[Running]:
+    """Waits for the episodes' answers (the class docstring's rule) and takes them in row order."""
+    ended = []
+    while True:
+      calls = {e.call: e for e in self.slots if e is not None and e.call is not None}
+      if not calls:
+        return ended
+      t0 = time.perf_counter()
+      done, _ = futures.wait(calls, timeout=self.wait_s)
+      if not done:
+        done, _ = futures.wait(calls, return_when=futures.FIRST_COMPLETED)
+      self._env_s += time.perf_counter() - t0
+      for e in sorted((calls[c] for c in done), key=lambda e: e.row):
+        if self._answer(e, e.call.result()):
+          e.ended, self.slots[e.row] = True, None
+          ended.append(e)
+      if self.wait_s is not None:
+        return ended
+
+  def _answer(self, e: Running, call: _EnvCall) -> bool:
+    """Takes an episode's answer. Returns whether the episode ended."""
+    e.call = None
+    if e.closing:
+      _end(e.traj, call)
+      return True
+    reply = self.b._reply(e.traj, e.message, call)
+    self._replies.append(reply)
+    if reply.close:
+      self._call(e, 'close', reply.close)
+      return False
+    e.ids = reply.obs
+    return reply.obs is None
 
 
 class Sampler(RolloutBackend):
@@ -472,10 +654,16 @@ class Sampler(RolloutBackend):
         ids[i, :len(part)], mask[i, :len(part)] = part, True
       yield ids, mask
 
-  def _begin(self, params, trajs) -> tuple[_Cache, float]:
-    kv = _Cache(decode.init_cache(self.cfg, len(trajs), self.s.cache_len),
-                jnp.zeros((len(trajs), self.cfg.vocab_size), jnp.float32))
-    return self._extend(params, kv, [t.tokens for t in trajs], trajs), 0.0
+  def _begin(self, rows: int) -> _Cache:
+    """An empty cache; the reset program is compiled with it (no later turn compiles)."""
+    kv = _Cache(decode.init_cache(self.cfg, rows, self.s.cache_len), jnp.zeros((rows, self.cfg.vocab_size), jnp.float32))
+    if ('reset', rows, self.s.cache_len) not in self._compiled:
+      self._compiled['reset', rows, self.s.cache_len] = self._programs['reset'].lower(
+          kv.cache, np.zeros(rows, bool)).compile()
+    return kv
+
+  def _reset(self, kv: _Cache, free_B: np.ndarray) -> _Cache:
+    return _Cache(self._compiled['reset', len(free_B), self.s.cache_len](kv.cache, free_B), kv.logits_BxV)
 
   def _extend(self, params, kv: _Cache, rows: list[list[int] | None], trajs) -> _Cache:
     """Prefills each row's new ids (None: none) into the cache a chunk at a time, recording their
@@ -491,9 +679,9 @@ class Sampler(RolloutBackend):
           trajs[r].routes = (trajs[r].routes or []) + list(routes[:, r, :n_B[r]].transpose(1, 0, 2))
     return kv
 
-  def _sample(self, params, kv: _Cache, trajs, live_B, budget_B, key) -> tuple[_Cache, TurnOutput]:
+  def _sample(self, params, kv: _Cache, trajs, live_B, budget_B, keys_B) -> tuple[_Cache, TurnOutput]:
     span = self._span(max(len(trajs[r].tokens) + budget_B[r] for r in np.flatnonzero(live_B)))
-    out = self._run('generate', span, len(trajs), params, kv.cache, kv.logits_BxV, ~live_B, budget_B, key,
+    out = self._run('generate', span, len(trajs), params, kv.cache, kv.logits_BxV, ~live_B, budget_B, keys_B,
                     self.stops)
     cache = out.pop('cache')
     return _Cache(cache, kv.logits_BxV), TurnOutput(*jax.device_get([out['tokens'], out['logp'], out['n'],

@@ -6,7 +6,9 @@ names). Each later rollout whose params are another object than the last pushed 
 to the same folder (`weights_dir`: shared memory by default) and has the engine reload them in
 place (no restart) and drop its prefix cache. Each turn sends every live row's whole trajectory as
 a prompt: the engine's prefix cache holds what it saw, so only the new observation is prefilled,
-as in ours. The log-prob of each sampled token is the engine's, from the tempered and truncated
+as in ours; after a push, the next request of an episode running across it (sampler.Stream)
+recomputes its context with the new params (ours keeps its cache). Each request is independent and
+seeded from its episode's key, so a Stream's refilled rows need nothing of the engine. The log-prob of each sampled token is the engine's, from the tempered and truncated
 distribution it sampled (ours: sampler.sample_logits), so the update's truncated importance
 weights correct what differs between the engine and the trainer.
 
@@ -103,6 +105,11 @@ class Engine:
     self._rx.close()
 
 
+@jax.jit
+def _seeds(keys_Bx2):
+  return jax.vmap(lambda k: jax.random.randint(k, (), 0, 2**31 - 1))(jax.random.wrap_key_data(keys_Bx2))
+
+
 def cut_at_stops(ids: list[int], stops: list[tuple[int, ...]]) -> int:
   """Tokens kept: up to the end of the first stop sequence in ids, else all of them."""
   for end in range(1, len(ids) + 1):
@@ -129,7 +136,7 @@ class VllmBackend(RolloutBackend):
     self._multi = [q for q in self.stop_seqs if len(q) > 1]
     self.engine: Engine | None = None
     self._pushed = None               # The params the engine holds (kept: identity marks new ones).
-    self._lock = threading.Lock()
+    self.lock = threading.RLock()     # Rollouts and streams take turns on the engine (rollout, then its turns).
     self.pushes: list[Push] = []
 
   def engine_args(self) -> dict:
@@ -157,18 +164,14 @@ class VllmBackend(RolloutBackend):
     self.pushes.append(push)
     return push
 
-  def rollout(self, params, episodes, key, *, tasks=None, groups=None):
-    with self._lock:
-      return super().rollout(params, episodes, key, tasks=tasks, groups=groups)
-
   def logprobs(self, params, rows: list[list[int]]) -> list[np.ndarray]:
     """The engine's log-prob of each token after the ones before it (the first's is 0), at
     temperature 1: what our forward computes on the same tokens."""
-    with self._lock:
-      self._ensure(params)
+    with self.lock:
+      self._push(params)
       return [np.asarray(x, np.float32) for x in self.engine.call('logprobs', prompts=rows)['logp']]
 
-  def _ensure(self, params) -> float:
+  def _push(self, params) -> float:
     """Pushes params unless the engine holds them. Returns the seconds spent on the push (the
     engine's start-up excluded: it is no update)."""
     if params is self._pushed:
@@ -176,16 +179,19 @@ class VllmBackend(RolloutBackend):
     push = self.push(params)
     return push.write_s + (0.0 if push.started else push.load_s)
 
-  def _begin(self, params, trajs: list[Trajectory]) -> tuple[None, float]:
-    return None, self._ensure(params)
+  def _begin(self, rows: int) -> None:
+    return None  # Each request carries its row's whole trajectory: rows are independent requests.
+
+  def _reset(self, state, free_B):
+    return state
 
   def _extend(self, params, state, rows, trajs):
     return state  # The next request carries the whole trajectory; the prefix cache has the rest.
 
-  def _sample(self, params, state, trajs: list[Trajectory], live_B: np.ndarray, budget_B: np.ndarray,
-              key) -> tuple[None, TurnOutput]:
+  def _sample(self, params, state, trajs: list[Trajectory | None], live_B: np.ndarray, budget_B: np.ndarray,
+              keys_Bx2) -> tuple[None, TurnOutput]:
     rows = np.flatnonzero(live_B)
-    seeds = np.asarray(jax.random.randint(key, (len(trajs),), 0, 2**31 - 1))
+    seeds = np.asarray(_seeds(keys_Bx2))  # A request's seed is its row's message key's: the same in any batch.
     out = self.engine.call('generate', prompts=[trajs[r].tokens for r in rows],
                            max_tokens=[int(budget_B[r]) for r in rows], seeds=[int(seeds[r]) for r in rows],
                            temperature=self.s.temperature, top_k=self.s.top_k, top_p=self.s.top_p,
