@@ -4,7 +4,7 @@ from concurrent import futures
 import functools
 import json
 import os
-import time
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -235,33 +235,36 @@ def test_stream_config_is_checked():
 
 
 def test_streamed_steps_train_on_groups_as_they_finish(tmp_path):
-  """rl.stream on toolcalc, the first group's episodes made slow (0.5 s per message): updates train
-  on other groups meanwhile and count the slow group as running; it trains in a later update, its
-  episodes begun under older params (carried, staleness >= 1), each episode in one update only."""
+  """rl.stream on toolcalc, the first group's episodes held at their first message until the third
+  update: updates train on other groups meanwhile and count the held group as running; it trains in
+  a later update, its episodes begun under older params (carried, staleness >= 1), each episode in
+  one update only. (Held by an event, not a delay, so that a loaded machine cannot finish it early.)"""
   c = _tiny(12)
   c.rl.stream, c.rl.stream_max_staleness, c.optimizer.warmup_steps = True, 100, 0
   r = loop.Runner(c, str(tmp_path))
   state = r.fresh_state(r.trainer.init(jax.random.key(0)).params)
-  reset, slow = r.env.reset, []
+  reset, held, release = r.env.reset, [], threading.Event()
 
-  def reset_first_group_slow(task):
+  def reset_first_group_held(task):
     ep = reset(task)
-    if len(slow) < c.rl.group_size:
-      slow.append(ep)
+    if len(held) < c.rl.group_size:
+      held.append(ep)
       step = ep.step
-      ep.step = lambda m: (time.sleep(0.5), step(m))[1]
+      ep.step = lambda m: (release.wait(120), step(m))[1]
     return ep
-  r.env.reset = reset_first_group_slow
+  r.env.reset = reset_first_group_held
   stream, used, rows = r.group_stream(), [], []
   for step in range(1, 13):
+    if step == 3:
+      release.set()
     ro = r.streamed(step, state.params, stream)
-    used += [id(t) for t in ro.trajs]
+    used += ro.trajs  # The objects, kept alive: a freed one's id() can be reused.
     state, row = r.train_step(step, state, ro)
     rows.append(row)
     if 0 in [g.gid for g in ro.taken.groups]:
       break
   stream.close()
-  assert step > 1 and rows[0]['episodes_running'] >= c.rl.group_size, rows[0]
+  assert step >= 3 and rows[0]['episodes_running'] >= c.rl.group_size, rows[0]
   assert rows[-1]['episodes_carried'] >= c.rl.group_size and rows[-1]['staleness_mean'] >= 1, rows[-1]
-  assert len(used) == len(set(used)) == step * r.batch_rows
+  assert len(used) == len({id(t) for t in used}) == step * r.batch_rows
   assert all(np.isfinite(x['pg_loss']) and x['stale_dropped'] == 0 for x in rows)
