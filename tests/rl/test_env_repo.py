@@ -22,6 +22,7 @@ import pytest
 from research.model import transformer
 from research.model.config import ModelConfig
 from research.rl.feedback import critics
+from research.rl.envs.base import DROPPED
 from research.rl.envs.repo import env as env_repo
 from research.rl.envs.repo import oracle as repo_oracle
 from research.rl.envs.repo import calls
@@ -250,6 +251,27 @@ def test_turn_limit_and_close_grade_the_work(env, repo_task_dir):
   ep = env.reset(task)
   step = ep.close('context')
   assert step.reward == 0.0 and step.info['episode']['ended_by'] == 'context' and not ep.root.exists()
+
+
+class _NoGrading:
+  def grade(self, jobs):
+    raise AssertionError(f'graded {len(jobs)} job(s)')
+
+
+def test_a_dropped_episode_frees_its_work_area_ungraded(env, repo_task_dir):
+  """close(DROPPED) (the learner dropped the episode; its Step is never read) grades nothing and
+  frees the work area; the same episode closed for 'context' would be graded (the control)."""
+  task = slug(env)
+  ungraded = env_repo.RepoEnv(env.task_dir / 'tasks.jsonl', _NoGrading(), ids=[SLUG])
+  eps = [ungraded.reset(task), ungraded.reset(task)]
+  for ep in eps:
+    for message in oracle_messages(task, repo_task_dir)[:2]:  # view, then an edit: a diff to grade.
+      ep.step(message)
+  step = eps[0].close(DROPPED)
+  assert step.done and not step.success and step.info['graded'] is False and not eps[0].root.exists()
+  assert step.info['episode']['ended_by'] == DROPPED and eps[0].close('context') is step
+  with pytest.raises(AssertionError, match='graded 1 job'):
+    eps[1].close('context')
 
 
 class _BrokenPool:

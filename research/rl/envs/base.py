@@ -23,12 +23,17 @@ class Step:
   info: dict = dataclasses.field(default_factory=dict)
 
 
+# close()'s reason for an episode the learner dropped (sampler.Stream.drop): its Step is never read,
+# so an environment may free what the episode holds without scoring it.
+DROPPED = 'dropped'
+
+
 class Episode(Protocol):
   prompt: list[dict]                # Initial chat messages ({'role', 'content'}).
 
   def step(self, message: str) -> Step: ...
 
-  def close(self, reason: str) -> Step: ...
+  def close(self, reason: str) -> Step: ...  # reason: 'context', 'turns' (scored) or DROPPED.
 
 
 Demonstrations = Callable[[np.random.Generator, int], list[list[dict]]]

@@ -50,7 +50,7 @@ from research.model.config import ModelConfig
 from research.model.transformer import forward
 from research.parallel.sharding import constrain
 from research.rl.update import losses
-from research.rl.envs.base import Step
+from research.rl.envs.base import DROPPED, Step
 from research.rl.rollout.trajectory import Trajectory
 from research.tokenizer import chat
 from research.tokenizer.base import Tokenizer
@@ -536,7 +536,7 @@ class Stream:
         self.queue.remove(e)
       if not e.ended and not e.closing:  # (A close in flight frees it already.)
         closes.append(self.b._pool.submit(
-            lambda ep=e.episode, c=e.call: (c and c.exception(), _call_env(ep.close, 'dropped'))))
+            lambda ep=e.episode, c=e.call: (c and c.exception(), _call_env(ep.close, DROPPED))))
       e.ended = True
     return closes
 

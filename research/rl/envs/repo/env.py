@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from research.rl.envs.base import Environment, Step
+from research.rl.envs.base import DROPPED, Environment, Step
 from research.rl.envs.repo import calls
 from research.rl.envs.repo import oracle
 from research.rl.envs.repo import rules  # noqa: F401 - registers the environment's critic rules.
@@ -347,11 +347,16 @@ class Episode:
     return f'{status}\n{output}'
 
   def _finish(self, reason: str, info: dict | None = None) -> Step:
-    """Grades the work area's diff; the same final Step for every later close."""
+    """Grades the work area's diff; the same final Step for every later close. A dropped episode
+    (base.DROPPED: never scored) frees its work area ungraded."""
     if self.final is not None:
       return self.final
     st = self.stats
     st.ended_by = reason
+    if reason == DROPPED:
+      self._remove()
+      self.final = Step(None, True, 0.0, False, {'kind': 'closed', 'reason': reason, 'graded': False})
+      return self.final
     st.tests_run_before_submit = st.last_test > st.last_edit
     info = {**(info or {'kind': 'closed'}), 'reason': reason}
     if reason == 'submit':
