@@ -93,8 +93,9 @@ class RLConfig:
   stream_max_staleness: int = 2     # stream: a group whose episode began more updates ago than this is dropped.
   stream_wait_s: float = 0.05       # stream: a turn waits this long for slow tool calls before sampling without them.
   # A masked episode (an environment fault: no reward) teaches nothing; many of them mean the
-  # harness is broken, or that the policy found a way to break it. The run stops with an error
-  # once the share of masked episodes so far passes this, counted after mask_rate_after episodes.
+  # harness is broken, or that the policy found a way to break it (or, with rl.stream, to stall
+  # until its group is dropped as stale: those count too). The run stops with an error once the
+  # share of such episodes so far passes this, counted after mask_rate_after episodes.
   max_mask_rate: float = 0.02
   mask_rate_after: int = 50         # Episodes before the mask rate is judged (one fault in 16 is 6%).
   # The update packs rollouts into rows of sampler.max_len (first fit) and pads the row count up to

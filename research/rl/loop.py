@@ -294,7 +294,7 @@ class Runner:
       state, row = self.train_step(step, state, ro)
       row['time_step'] = time.perf_counter() - t0  # Wall time: sampling ahead overlaps the rest.
       row['rollouts'] = step * self.batch_rows
-      masked.add(row['env_faults'], self.batch_rows)
+      masked.add(row['env_faults'], self.batch_rows, ro.taken.dropped if ro.taken else 0)
       if step % c.eval.every == 0 or step == r.steps:
         row.update(self._eval_row(state.params, eval_tasks, before['fired'])[0])
       writer.write(step, row)
@@ -522,24 +522,31 @@ class MaskRateError(RuntimeError):
 
 @dataclasses.dataclass
 class MaskCount:
-  """The run's masked episodes (environment faults) against rl.max_mask_rate."""
+  """The run's unscored episodes against rl.max_mask_rate: masked (environment faults) and, with
+  rl.stream, dropped as stale. Both escape a reward, so a policy that breaks the harness or stalls
+  its episodes until their group is dropped escapes its failures alike."""
   limit: float
   after: int                        # Episodes before the rate is judged.
-  masked: int = 0
+  masked: int = 0                   # Unscored: faults and stale drops.
+  dropped: int = 0                  # Of them, dropped as stale.
   episodes: int = 0
 
-  def add(self, masked: int, episodes: int) -> None:
-    self.masked += masked
-    self.episodes += episodes
+  def add(self, masked: int, episodes: int, dropped: int = 0) -> None:
+    self.masked += masked + dropped
+    self.dropped += dropped
+    self.episodes += episodes + dropped
 
   def check(self, step: int) -> None:
     rate = self.masked / max(self.episodes, 1)
     if self.episodes >= self.after and rate > self.limit:
+      stale = (f' or dropped as stale ({self.dropped}: their groups ran past rl.stream_max_staleness)'
+               if self.dropped else '')
       raise MaskRateError(
           f'step {step}: {self.masked} of {self.episodes} episodes masked ({rate:.1%}) by '
-          f'environment faults, above rl.max_mask_rate={self.limit:.1%}; a masked episode gets no '
-          'reward, so a policy that breaks the harness escapes its failures: see the rows\' '
-          'env_faults and the trajectories\' fault in metrics.jsonl before resuming')
+          f'environment faults{stale}, above rl.max_mask_rate={self.limit:.1%}; an unscored episode '
+          'gets no reward, so a policy that breaks the harness or stalls escapes its failures: see '
+          'the rows\' env_faults and stale_dropped and the trajectories\' fault in metrics.jsonl '
+          'before resuming')
 
 
 def run(config: RLExperimentConfig, workdir: str) -> dict:

@@ -211,6 +211,18 @@ def test_a_run_whose_mask_rate_passes_the_limit_stops(tmp_path):
   assert last['step'] == 1 and last['env_faults'] >= 1 and last['mask_rate'] == last['env_faults'] / 8
 
 
+def test_stale_drops_count_as_masked():
+  """An attack on rl.stream: an episode that stalls until its group is dropped as stale escapes a
+  reward of 0 as a masked fault does; the run's count takes both, and its error names the drops."""
+  count = loop.MaskCount(0.02, after=0)
+  count.add(0, 16)
+  count.check(1)
+  count.add(0, 16, dropped=2)
+  with pytest.raises(loop.MaskRateError, match=r'^step 2: 2 of 34 episodes masked \(5.9%\) by environment '
+                     r'faults or dropped as stale \(2: their groups ran past rl.stream_max_staleness\)'):
+    count.check(2)
+
+
 def test_mask_count_judges_the_run_so_far_after_enough_episodes():
   count = loop.MaskCount(0.02, after=50)
   count.add(1, 16)
