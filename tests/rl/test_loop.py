@@ -211,6 +211,34 @@ def test_a_run_whose_mask_rate_passes_the_limit_stops(tmp_path):
   assert last['step'] == 1 and last['env_faults'] >= 1 and last['mask_rate'] == last['env_faults'] / 8
 
 
+def test_a_run_whose_environment_hangs_goes_on(tmp_path):
+  """Every eighth episode's first step never answers (until the test ends): with
+  sampler.env_call_timeout_s=2 each faults after 2 s and is masked (counted against
+  rl.max_mask_rate, here 0.5), and the streamed run ends its 3 steps instead of waiting (its eval
+  rollouts, in batches, too; test_sampler.py times out calls of a batch)."""
+  c = _tiny(3, stream=True)
+  c.sampler.env_call_timeout_s, c.rl.max_mask_rate = 2.0, 0.5
+  r = loop.Runner(c, str(tmp_path))
+  reset, release, resets = r.env.reset, threading.Event(), []
+
+  def reset_some_hung(task):
+    ep = reset(task)
+    resets.append(ep)
+    if len(resets) % 8 == 5:
+      step = ep.step
+      ep.step = lambda m: (release.wait(), step(m))[1]
+    return ep
+  r.env.reset = reset_some_hung
+  run = threading.Thread(target=r.run, daemon=True)
+  run.start()
+  run.join(timeout=300)
+  release.set()
+  assert not run.is_alive(), 'the run waited on a hung environment'
+  rows = [json.loads(l) for l in open(os.path.join(tmp_path, 'metrics.jsonl'))]
+  steps = [x for x in rows if x['step'] > 0]
+  assert [x['step'] for x in steps] == [1, 2, 3] and sum(x['env_faults'] for x in steps) >= 1, steps
+
+
 def test_stale_drops_count_as_masked():
   """An attack on rl.stream: an episode that stalls until its group is dropped as stale escapes a
   reward of 0 as a masked fault does; the run's count takes both, and its error names the drops."""

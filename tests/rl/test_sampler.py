@@ -4,6 +4,7 @@ and the staleness bound."""
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 
 import jax
@@ -231,6 +232,53 @@ def test_episodes_step_at_once_with_the_sequential_result(params):
     assert (a.tokens, a.policy, a.logp, a.reward, a.done, a.truncated, a.fault) == (
         b.tokens, b.policy, b.logp, b.reward, b.done, b.truncated, b.fault)
     assert [(m.text, m.info) for m in a.messages] == [(m.text, m.info) for m in b.messages]
+
+
+class Hung(Echo):
+  """Echo whose step number `step_at`, or else its close, waits for `release`: a hung environment."""
+
+  def __init__(self, release, step_at=None, **kw):
+    super().__init__(**kw)
+    self.release, self.step_at = release, step_at
+
+  def step(self, message):
+    if self.n + 1 == self.step_at:
+      self.release.wait()
+    return super().step(message)
+
+  def close(self, reason):
+    if self.step_at is None:
+      self.release.wait()
+    return super().close(reason)
+
+
+def test_a_call_that_never_answers_faults_its_episode_and_holds_no_thread(params):
+  """sampler.env_call_timeout_s=1: a step and a close that hang fault their episodes (unscored) and
+  the others end as they would; the step's episode is closed unscored once the step returns. With
+  3 env threads, 2 held by the hung calls, a second rollout runs on the third: nothing else waits
+  on a hung call (a close queued behind the hung step would take the last thread)."""
+  s = SamplerConfig(temperature=1.0, max_turn_tokens=4, max_turns=2, max_len=96, env_workers=3,
+                    env_call_timeout_s=1.0)
+  sampler, release = Sampler(CFG, TOK, s), threading.Event()
+  hung = [Hung(release, step_at=1, turns=2), Hung(release, turns=5)]  # The second hangs in its 'turns' close.
+  t0 = time.perf_counter()
+  trajs, st = sampler.rollout(params, [Echo(turns=2), *hung], jax.random.key(3))
+  assert time.perf_counter() - t0 < 30
+  assert trajs[0].done and trajs[0].reward == 1.0 and trajs[0].fault is None
+  assert trajs[1].fault.startswith('EnvCallTimeout: its step did not answer in 1 s') and not trajs[1].done
+  assert trajs[2].fault.startswith('EnvCallTimeout: its close') and len(trajs[2].messages) == 2
+  assert st.faults == 2
+  trajs, st = sampler.rollout(params, [Echo(turns=2), Echo(turns=2)], jax.random.key(4))
+  assert st.faults == 0 and all(t.done for t in trajs)
+  assert hung[0].closed is None
+  release.set()
+  sampler._pool.shutdown(wait=True)
+  assert hung[0].closed == 'dropped' and hung[1].closed == 'turns'
+
+
+def test_env_call_timeout_is_checked():
+  with pytest.raises(ValueError, match=r'sampler.env_call_timeout_s=0: must be positive'):
+    SamplerConfig(env_call_timeout_s=0).validate()
 
 
 def _same(a, b):

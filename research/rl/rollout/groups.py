@@ -78,8 +78,10 @@ class GroupStream:
 
   def close(self) -> None:
     """Drops every group still in the stream; returns once their episodes are closed (unscored),
-    so that nothing calls an environment that is shut down next."""
-    futures.wait(self.stream.drop([e for g in self.live for e in g.members]))
+    so that nothing calls an environment that is shut down next, or after sampler.env_call_timeout_s
+    (a close waits for its episode's call in flight, which may hang for good)."""
+    futures.wait(self.stream.drop([e for g in self.live for e in g.members]),
+                 timeout=self.stream.b.s.env_call_timeout_s)
     self.live, self.complete = [], []
 
   def _feed(self) -> None:

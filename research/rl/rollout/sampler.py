@@ -75,6 +75,8 @@ class SamplerConfig:
   stop_seqs: tuple[tuple[int, ...], ...] = ()  # Extra stop sequences (tuples of ids); <eom> always stops.
   record_routes: bool = False       # Keep the MoE routes of every token; RL then replays them in the update.
   env_workers: int = 64             # Episodes stepped at once (threads: they wait on sandboxes, not cores).
+  env_call_timeout_s: float = 3600.0  # A call into an episode (a step, the close that grades) not answered
+                                    # in this long faults it (masked): a hung environment stalls no run.
   spans: int = 4                    # Programs by the cache slots they read (module docstring).
 
   def validate(self, path: str = 'sampler.') -> 'SamplerConfig':
@@ -85,6 +87,8 @@ class SamplerConfig:
         raise configs.invalid(path + f, getattr(self, f), f'must be >= {low}')
     if not 0 < self.top_p <= 1:
       raise configs.invalid(path + 'top_p', self.top_p, 'must be in (0, 1]')
+    if self.env_call_timeout_s <= 0:
+      raise configs.invalid(path + 'env_call_timeout_s', self.env_call_timeout_s, 'must be positive')
     return self
 
   @property
@@ -454,6 +458,7 @@ class Running:
   ids: list[int] | None = None      # Ids to prefill before its next message (its prompt, an observation).
   call: futures.Future | None = None  # Its environment call in flight: a step, or a close that scores it.
   closing: bool = False             # The call in flight is close(): its answer ends the episode.
+  deadline: float = 0.0             # time.monotonic() past which the call in flight faults it.
   message: _Message | None = None   # Its last message, which the step in flight answers.
   version: int | None = None        # The learner's update count when its first token was sampled.
   ended: bool = False               # Scored, faulted or dropped: out of the rows.
@@ -477,7 +482,9 @@ class Stream:
   for every answer, so all rows sample in step. Else up to wait_s and until at least one answer:
   an episode whose tool call is slow keeps its row but holds up no other, and answers that come
   later are taken at a later turn. An episode's trajectory depends on its key, its prompt and its
-  answers only, not on its row, the rows beside it or the timing.
+  answers only, not on its row, the rows beside it or the timing. A call not answered within
+  sampler.env_call_timeout_s faults its episode (masked, counted against rl.max_mask_rate), so an
+  environment that hangs stalls neither a turn nor a take.
 
   Params may change between turns (a learner's update). The rows' cache is then kept, not
   recomputed: the tokens already sampled keep the log-probs of the params that sampled them, which
@@ -535,10 +542,18 @@ class Stream:
       if e in self.queue:
         self.queue.remove(e)
       if not e.ended and not e.closing:  # (A close in flight frees it already.)
-        closes.append(self.b._pool.submit(
-            lambda ep=e.episode, c=e.call: (c and c.exception(), _call_env(ep.close, DROPPED))))
+        closes.append(self._close_after(e.call, e.episode))
       e.ended = True
     return closes
+
+  def _close_after(self, call: futures.Future | None, episode) -> futures.Future:
+    """Closes an episode unscored (DROPPED) once its call in flight, if any, has returned: on the
+    thread that ran the call, so that no thread waits on a call that may hang for good."""
+    if call is None or call.done():
+      return self.b._pool.submit(_call_env, episode.close, DROPPED)
+    out = futures.Future()
+    call.add_done_callback(lambda _: out.set_result(_call_env(episode.close, DROPPED)))
+    return out
 
   def stats(self, trajs: list[Trajectory]) -> RolloutStats:
     """Statistics of the turns since the last call (faults and truncations: of `trajs`)."""
@@ -593,25 +608,40 @@ class Stream:
 
   def _call(self, e: Running, method: str, arg: str) -> None:
     e.call, e.closing = self.b._pool.submit(_call_env, getattr(e.episode, method), arg), method == 'close'
+    e.deadline = time.monotonic() + self.b.s.env_call_timeout_s
 
   def _answers(self) -> list[Running]:
-    """Waits for the episodes' answers (the class docstring's rule) and takes them in row order."""
+    """Waits for the episodes' answers (the class docstring's rule), or until the first call in
+    flight passes its deadline, and takes them in row order."""
     ended = []
     while True:
       calls = {e.call: e for e in self.slots if e is not None and e.call is not None}
       if not calls:
         return ended
       t0 = time.perf_counter()
-      done, _ = futures.wait(calls, timeout=self.wait_s)
-      if not done:
-        done, _ = futures.wait(calls, return_when=futures.FIRST_COMPLETED)
+      left = lambda: max(0.0, min(e.deadline for e in calls.values()) - time.monotonic())
+      done, _ = futures.wait(calls, timeout=left() if self.wait_s is None else min(self.wait_s, left()))
+      if not done and self.wait_s is not None:
+        done, _ = futures.wait(calls, timeout=left(), return_when=futures.FIRST_COMPLETED)
       self._env_s += time.perf_counter() - t0
-      for e in sorted((calls[c] for c in done), key=lambda e: e.row):
-        if self._answer(e, e.call.result()):
+      now = time.monotonic()
+      answers = {calls[c]: c.result() for c in done}
+      answers |= {e: self._timed_out(e) for e in calls.values() if e not in answers and e.deadline <= now}
+      for e in sorted(answers, key=lambda e: e.row):
+        if self._answer(e, answers[e]):
           e.ended, self.slots[e.row] = True, None
           ended.append(e)
-      if self.wait_s is not None:
+      if self.wait_s is not None and answers:
         return ended
+
+  def _timed_out(self, e: Running) -> _EnvCall:
+    """The fault of a call past sampler.env_call_timeout_s. The call keeps its thread (a thread
+    cannot be stopped); a step's episode is closed unscored once the step returns."""
+    if not e.closing:
+      self._close_after(e.call, e.episode)
+    limit = self.b.s.env_call_timeout_s
+    return _EnvCall(None, f'EnvCallTimeout: its {"close" if e.closing else "step"} did not answer in '
+                    f'{limit:g} s (sampler.env_call_timeout_s)', limit)
 
   def _answer(self, e: Running, call: _EnvCall) -> bool:
     """Takes an episode's answer. Returns whether the episode ended."""
