@@ -14,6 +14,8 @@ tokenizer, the same `--batch` one-turn episodes (the same prompts) and the same 
   push              - new params pushed in place: seconds writing the folder (research/hf) and
                       loading it into the running engine, and afterwards the engine's log-probs
                       against the new params' forward and against the old params'.
+With --fleet=N the same numbers again (`fleet`) from N engine servers on loopback
+(rollout.vllm_engines: each sent the weights over its connection, rows split among them).
 Needs the vLLM venv (`make vllm-venv`).
 """
 
@@ -34,6 +36,7 @@ from research.model.config import ModelConfig
 from research.rl.envs import repo
 from research.rl.envs.base import Step
 from research.rl.rollout import backends
+from research.rl.rollout import vllm_client
 from research.rl.rollout.sampler import SamplerConfig
 from research.rl.rollout.trajectory import Trajectory, to_batch
 from research.tokenizer.hf import HFTokenizer
@@ -44,6 +47,7 @@ _BATCH = flags.DEFINE_integer('batch', 8, 'Episodes per rollout.')
 _NEW = flags.DEFINE_integer('new_tokens', 128, 'Token budget of the message.')
 _INIT_STD = flags.DEFINE_float('init_std', 0.1, 'Weights scale (0.02 leaves every distribution near uniform).')
 _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature.')
+_FLEET = flags.DEFINE_integer('fleet', 0, 'Also measure this many engine servers on loopback (0: none).')
 
 
 def _repo_rl_model() -> ModelConfig:
@@ -110,7 +114,24 @@ def bench(name: str, weights_dir: str) -> dict:
   ours = backends.make(backends.RolloutConfig(), cfg, tok, s)
   out = {'model': name, 'params': stats.param_counts(cfg), 'batch': _BATCH.value, 'new_tokens': _NEW.value,
          'ours_tokens_per_s': _tokens_per_s(ours, old, episodes, jax.random.key(0))}
-  vllm = backends.make(backends.RolloutConfig(backend='vllm', weights_dir=weights_dir), cfg, tok, s)
+  rc = backends.RolloutConfig(backend='vllm', weights_dir=weights_dir)
+  out.update(_engine(backends.make(rc, cfg, tok, s), cfg, tok, s, old, new, episodes))
+  if _FLEET.value:
+    servers = [vllm_client.start_server(rc.python_path, '127.0.0.1:0', {'VLLM_CPU_KVCACHE_SPACE': '2'},
+                                        os.path.join(weights_dir, f'server{i}.log')) for i in range(_FLEET.value)]
+    try:
+      fleet = dataclasses.replace(rc, vllm_engines=tuple(a for _, a in servers))
+      out['fleet'] = {'engines': _FLEET.value,
+                      **_engine(backends.make(fleet, cfg, tok, s), cfg, tok, s, old, new, episodes)}
+    finally:
+      for proc, _ in servers:
+        proc.kill()
+  return out
+
+
+def _engine(vllm, cfg, tok, s, old, new, episodes) -> dict:
+  """A vLLM backend's numbers (module docstring); closes it."""
+  out = {}
   try:
     out['vllm_tokens_per_s'] = _tokens_per_s(vllm, old, episodes, jax.random.key(0))
     out['engine_start_s'] = vllm.pushes[0].write_s + vllm.pushes[0].load_s
@@ -142,10 +163,12 @@ def main(argv):
   print(f'| model | params | ours tok/s | vLLM tok/s | max_abs_logprob_diff | push s | after push: diff to new / old |')
   print('|---|---:|---:|---:|---:|---:|---|')
   for r in results:
-    p = r['push']
-    print(f"| {r['model']} | {r['params']['total_params'] / 1e6:.1f}M | {r['ours_tokens_per_s']:.0f} | "
-          f"{r['vllm_tokens_per_s']:.0f} | {r['max_abs_logprob_diff']:.1e} | {p['total_s']:.2f} | "
-          f"{p['diff_to_new']:.1e} / {p['diff_to_old']:.2f} |")
+    for name, e in [(r['model'], r), *([(f"{r['model']}, fleet of {r['fleet']['engines']}", r['fleet'])]
+                                         if 'fleet' in r else [])]:
+      p = e['push']
+      print(f"| {name} | {r['params']['total_params'] / 1e6:.1f}M | {r['ours_tokens_per_s']:.0f} | "
+            f"{e['vllm_tokens_per_s']:.0f} | {e['max_abs_logprob_diff']:.1e} | {p['total_s']:.2f} | "
+            f"{p['diff_to_new']:.1e} / {p['diff_to_old']:.2f} |")
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(results, f, indent=1)

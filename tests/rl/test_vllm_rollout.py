@@ -62,9 +62,9 @@ def test_engine_logprobs_match_our_forward_and_follow_pushes(backend):
   rows = _rows(0)
   for got, want in zip(backend.logprobs(old, rows), _ours(old, rows)):
     assert np.abs(got - want).max() <= TOL
-  pid = backend.engine.proc.pid
+  pid = backend.engines[0].proc.pid
   got_new = backend.logprobs(new, rows)
-  assert backend.engine.proc.pid == pid and not backend.pushes[-1].started
+  assert backend.engines[0].proc.pid == pid and not backend.pushes[-1].started
   for got, want, was in zip(got_new, _ours(new, rows), _ours(old, rows)):
     assert np.abs(got - want).max() <= TOL
     assert np.abs(got - was).max() > 100 * TOL
@@ -161,6 +161,45 @@ def test_refilled_rows_sample_what_the_batch_samples_on_the_engine(backend):
   _same_trajectories(batch, _refilled(backend, params, make, jax.random.key(5), 2))
 
 
+@needs_vllm
+def test_a_fleet_samples_what_one_engine_samples_and_takes_every_push(backend, tmp_path):
+  """Two engine servers (rollout.vllm_engines), each sent the weights over its connection, rows
+  split between them: the trajectories of the engine the run starts, token for token; after a push
+  both serve the new params (rows 0, 2 on one, 1, 3 on the other); a trainer that connects again
+  gets the running engines, in place; a server that dies is named."""
+  servers = [vllm_client.start_server(RC.python_path, '127.0.0.1:0', {'VLLM_CPU_KVCACHE_SPACE': '1'},
+                                      str(tmp_path / f'server{i}.log')) for i in range(2)]
+  rc = backends.RolloutConfig(backend='vllm', weights_dir=str(tmp_path), vllm_engines=tuple(a for _, a in servers))
+  fleet = backends.make(rc.validate(), CFG, TOK, S)
+  try:
+    params, new = transformer.init(CFG, jax.random.key(4)), transformer.init(CFG, jax.random.key(1))
+    make = lambda: [Echo(1 + i % 3, 'o' * i) for i in range(6)]
+    _same_trajectories(backend.rollout(params, make(), jax.random.key(5))[0],
+                       fleet.rollout(params, make(), jax.random.key(5))[0])
+    rows = _rows(0, 4)
+    for got, want in zip(fleet.logprobs(new, rows), _ours(new, rows)):
+      assert np.abs(got - want).max() <= TOL
+    assert len(fleet.engines) == 2 and [p.started for p in fleet.pushes] == [True, False]
+    fleet.close()
+    fleet = backends.make(rc, CFG, TOK, S)
+    for got, want in zip(fleet.logprobs(params, rows), _ours(params, rows)):
+      assert np.abs(got - want).max() <= TOL
+    servers[1][0].kill()
+    servers[1][0].wait()
+    with pytest.raises(vllm_client.EngineError, match=f'the vLLM engine at {servers[1][1]}'):
+      fleet.logprobs(params, rows)
+  finally:
+    fleet.close()
+    for proc, _ in servers:
+      proc.kill()
+
+
+def test_fleet_addresses_are_checked():
+  with pytest.raises(ValueError, match=r"^rollout.vllm_engines=.*'gpu7' is not HOST:PORT"):
+    backends.RolloutConfig(vllm_engines=('gpu7',)).validate()
+  backends.RolloutConfig(backend='vllm', vllm_python='/nonexistent', vllm_engines=('gpu7:8000',)).validate()
+
+
 class _FakeEngine:
   """The engine's `generate` without vLLM: a request's tokens and log-probs follow from its seed
   and prompt alone (as a seeded request's do), ending at the first stop id."""
@@ -186,7 +225,7 @@ def test_the_vllm_backend_refills_rows_through_the_shared_stream(tmp_path):
   b = vllm_client.VllmBackend(CFG, TOK, S, python='unused', weights_dir=str(tmp_path), kv_cache_gib=1,
                               eager=True, start_timeout_s=1)
   params = object()
-  b.engine, b._pushed = _FakeEngine(), params  # The engine holds these params: no push.
+  b.engines, b._pushed = [_FakeEngine()], params  # The engine holds these params: no push.
   make = lambda: [Echo(1 + i % 3, 'o' * i) for i in range(6)]
   batch, _ = b.rollout(params, make(), jax.random.key(5))
   assert sorted(len(t.messages) for t in batch) == [1, 1, 2, 2, 3, 3]

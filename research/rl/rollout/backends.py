@@ -31,12 +31,20 @@ class RolloutConfig:
   vllm_kv_cache_gib: int = 2        # The engine's KV cache on the CPU (VLLM_CPU_KVCACHE_SPACE); unused on GPU.
   vllm_eager: bool = True           # No torch.compile / CUDA graphs: starts in seconds, decodes slower.
   vllm_start_timeout_s: int = 900   # Seconds the engine may take to start before the run fails.
+  # A fleet: 'HOST:PORT' of engine servers started apart (`python -m research.rl.rollout.vllm_engine.server
+  # --listen=HOST:PORT` in a vLLM venv, on their own hosts or accelerators; docs/cluster.md), sent the
+  # weights over the connection; rows are split among them. Empty: one engine started by the run here.
+  vllm_engines: tuple[str, ...] = ()
 
   def validate(self, path: str = 'rollout.') -> 'RolloutConfig':
     if self.backend not in BACKENDS:
       raise configs.invalid(path + 'backend', self.backend, f'expected one of {BACKENDS}')
+    for a in self.vllm_engines:
+      host, _, port = a.rpartition(':')
+      if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise configs.invalid(path + 'vllm_engines', self.vllm_engines, f'{a!r} is not HOST:PORT')
     if self.backend == 'vllm':
-      if not os.access(self.python_path, os.X_OK):
+      if not self.vllm_engines and not os.access(self.python_path, os.X_OK):
         raise configs.invalid(path + 'vllm_python', self.vllm_python,
                               f'{self.python_path} is not an executable (run `make vllm-venv`)')
       if not os.path.isdir(self.weights_dir):
@@ -58,4 +66,4 @@ def make(rc: RolloutConfig, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig,
     return Sampler(cfg, tok, s, jit=jit)
   return vllm_client.VllmBackend(cfg, tok, s, python=rc.python_path, weights_dir=rc.weights_dir,
                                  kv_cache_gib=rc.vllm_kv_cache_gib, eager=rc.vllm_eager,
-                                 start_timeout_s=rc.vllm_start_timeout_s)
+                                 start_timeout_s=rc.vllm_start_timeout_s, addresses=tuple(rc.vllm_engines))

@@ -12,15 +12,22 @@ seeded from its episode's key, so a Stream's refilled rows need nothing of the e
 distribution it sampled (ours: sampler.sample_logits), so the update's truncated importance
 weights correct what differs between the engine and the trainer.
 
+A fleet (`addresses`, rollout.vllm_engines): engine servers started apart (`--listen`) and sent
+the folder's files over their connections at each push; each turn's rows are split among them, row
+r to engine r % engines. Requests are seeded per episode, so a fleet samples what one engine does.
+
 Routes: vLLM returns routed experts only with its Model Runner V2 (Triton, so not on the CPU), so
 the trajectories carry none and the update routes every token itself (`records_routes` False).
 """
 
+from concurrent import futures
+import contextlib
 import dataclasses
 import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -54,55 +61,126 @@ class Push:
 
 
 class Engine:
-  """The engine process and its two pipes; one request at a time."""
+  """One engine behind a JSON-lines channel (vllm_engine/server.py), one request at a time: a
+  process of the run's on two pipes (`spawn`), or a fleet's server on a socket (`connect`)."""
 
-  def __init__(self, python: str, folder: str, engine_args: dict, env: dict, log_path: str, timeout_s: float):
-    req_r, self._req_w = os.pipe()
-    self._rep_r, rep_w = os.pipe()
-    self.log_path = log_path
+  def __init__(self, rx, tx, name: str, proc: subprocess.Popen | None = None, log_path: str | None = None,
+               sock: socket.socket | None = None):
+    self._rx, self._tx, self.name, self.proc, self.log_path, self._sock = rx, tx, name, proc, log_path, sock
+    self.version = None               # vLLM's, once it is up.
+
+  @classmethod
+  def spawn(cls, python: str, folder: str, engine_args: dict, env: dict, log_path: str,
+            timeout_s: float) -> 'Engine':
+    """Starts an engine on this host from the Hugging Face folder."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
     with open(log_path, 'w') as log:
-      self.proc = subprocess.Popen(
+      proc = subprocess.Popen(
           [python, '-m', SERVER, f'--fds={req_r},{rep_w}', f'--model={folder}',
            f'--engine={json.dumps(engine_args)}'],
           cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT, **env}, stdout=log, stderr=subprocess.STDOUT,
           pass_fds=(req_r, rep_w))
     os.close(req_r)
     os.close(rep_w)
-    self._tx = os.fdopen(self._req_w, 'w')
-    self._rx = os.fdopen(self._rep_r, 'r')
-    self.version = self._read(timeout_s)['version']
+    e = cls(os.fdopen(rep_r, 'rb'), os.fdopen(req_w, 'wb'), f'the vLLM engine (pid {proc.pid})', proc, log_path)
+    e.version = e._read(timeout_s)['version']
+    return e
+
+  @classmethod
+  def connect(cls, address: str, folder: str, engine_args: dict, timeout_s: float) -> 'Engine':
+    """Connects to a fleet's server (retrying while it comes up) and starts its engine from the
+    folder's files, sent over the connection."""
+    host, port = address.rsplit(':', 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+      try:
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        break
+      except OSError as err:
+        if time.monotonic() > deadline:
+          raise EngineError(f'no vLLM engine server answers at {address} (rollout.vllm_engines) after '
+                            f'{timeout_s} s: {err}') from None
+        time.sleep(1.0)
+    sock.settimeout(timeout_s)  # For its start; a timeout there is an OSError, named by call().
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    e = cls(sock.makefile('rb'), sock.makefile('wb'), f'the vLLM engine at {address}', sock=sock)
+    e.version = e.call('start', send=folder, engine=engine_args)['version']
+    sock.settimeout(None)
+    return e
 
   def _read(self, timeout_s: float | None = None) -> dict:
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not select.select([self._rx], [], [], 1.0)[0]:
-      if self.proc.poll() is not None:
-        raise EngineError(f'the vLLM engine exited ({self.proc.returncode}); its log ends:\n{self._log_tail()}')
-      if deadline is not None and time.monotonic() > deadline:
-        self.proc.kill()
-        raise EngineError(f'the vLLM engine did not start in {timeout_s} s; its log ends:\n{self._log_tail()}')
-    line = self._rx.readline()
+    if self.proc is not None:  # (A fleet's server has no process here: its socket tells its end.)
+      deadline = None if timeout_s is None else time.monotonic() + timeout_s
+      while not select.select([self._rx], [], [], 1.0)[0]:
+        if self.proc.poll() is not None:
+          raise EngineError(f'{self.name} exited ({self.proc.returncode}){self._log_tail()}')
+        if deadline is not None and time.monotonic() > deadline:
+          self.proc.kill()
+          raise EngineError(f'{self.name} did not start in {timeout_s} s{self._log_tail()}')
+    try:
+      line = self._rx.readline()
+    except OSError as err:
+      raise EngineError(f'{self.name} cannot be reached: {err}') from None
     if not line:
-      raise EngineError(f'the vLLM engine closed its pipe; its log ends:\n{self._log_tail()}')
+      raise EngineError(f'{self.name} closed its connection{self._log_tail()}')
     out = json.loads(line)
     if 'error' in out:
-      raise EngineError(out['error'])
+      raise EngineError(f'{self.name}: {out["error"]}')
     return out
 
   def _log_tail(self, n: int = 4000) -> str:
+    if self.log_path is None:
+      return ' (its log is on its host)'
     with open(self.log_path, errors='replace') as f:
-      return f.read()[-n:]
+      return '; its log ends:\n' + f.read()[-n:]
 
-  def call(self, op: str, **kw) -> dict:
-    self._tx.write(json.dumps({'op': op, **kw}) + '\n')
-    self._tx.flush()
+  def call(self, op: str, send: str | None = None, **kw) -> dict:
+    """One request; with `send` (a folder), its files' bytes follow the line (a fleet's push or start)."""
+    files = [] if send is None else sorted(os.listdir(send))
+    if send is not None:
+      kw['files'] = [[name, os.path.getsize(os.path.join(send, name))] for name in files]
+    try:
+      self._tx.write(json.dumps({'op': op, **kw}).encode() + b'\n')
+      for name in files:
+        with open(os.path.join(send, name), 'rb') as f:
+          shutil.copyfileobj(f, self._tx, 1 << 22)
+      self._tx.flush()
+    except OSError as err:
+      raise EngineError(f'{self.name} cannot be reached: {err}') from None
     return self._read()
 
+  def load(self, folder: str) -> None:
+    """The folder's weights, in place: read there (this host) or sent (a fleet's engine)."""
+    if self.proc is not None:
+      self.call('load', folder=folder)
+    else:
+      self.call('push', send=folder)
+
   def close(self) -> None:
-    if self.proc.poll() is None:
-      self.call('close')
+    with contextlib.suppress(EngineError):  # Gone already.
+      if self.proc is None or self.proc.poll() is None:
+        self.call('close')
+    if self.proc is not None:
       self.proc.wait(60)
-    self._tx.close()
-    self._rx.close()
+    for f in (self._tx, self._rx, self._sock):
+      with contextlib.suppress(OSError):  # (What a dead engine's socket had buffered.)
+        if f is not None:
+          f.close()
+
+
+def start_server(python: str, address: str, env: dict, log_path: str) -> tuple[subprocess.Popen, str]:
+  """Starts a fleet's engine server on this host (`--listen=address`; port 0 picks a free one),
+  e.g. one per accelerator with its CUDA_VISIBLE_DEVICES in `env`. Returns the process and the
+  address it listens on, once it does (the engine itself starts at a trainer's first request)."""
+  with open(log_path, 'w') as log:
+    proc = subprocess.Popen([python, '-m', SERVER, f'--listen={address}'], cwd=ROOT,
+                            env={**os.environ, 'PYTHONPATH': ROOT, **env}, stdout=subprocess.PIPE,
+                            stderr=log, text=True)
+  line = proc.stdout.readline()
+  if not line:
+    raise EngineError(f'the engine server for {address} exited ({proc.wait()}); its log is {log_path}')
+  return proc, json.loads(line)['listening']
 
 
 @jax.jit
@@ -119,14 +197,17 @@ def cut_at_stops(ids: list[int], stops: list[tuple[int, ...]]) -> int:
 
 
 class VllmBackend(RolloutBackend):
-  """Rollouts sampled by a vLLM engine (module docstring); a lock makes rollouts one at a time."""
+  """Rollouts sampled by vLLM engines (module docstring): one started by the run, or a fleet's
+  servers (`addresses`), each live row's requests going to engine row % engines (so an episode's
+  prefix stays cached where it ran) and every push to all; a lock makes rollouts one at a time."""
 
   def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, *, python: str, weights_dir: str,
-               kv_cache_gib: int, eager: bool, start_timeout_s: float):
+               kv_cache_gib: int, eager: bool, start_timeout_s: float, addresses: tuple[str, ...] = ()):
     super().__init__(cfg, tok, s)
     config_map.family_of(cfg)  # A model without Hugging Face names cannot be served: fail now.
     self.records_routes = False
     self.python, self.kv_cache_gib, self.eager, self.start_timeout_s = python, kv_cache_gib, eager, start_timeout_s
+    self.addresses = addresses
     self._dir = tempfile.mkdtemp(prefix='vllm_rollout_', dir=weights_dir)
     # Shared memory outlives the process: the folder goes with this object or at exit, whichever is
     # first (the engine exits by itself when its request pipe closes).
@@ -134,7 +215,8 @@ class VllmBackend(RolloutBackend):
     self._folder = os.path.join(self._dir, 'weights')
     self._single = [int(q[-1]) for q in self.stop_seqs if len(q) == 1]
     self._multi = [q for q in self.stop_seqs if len(q) > 1]
-    self.engine: Engine | None = None
+    self.engines: list[Engine] = []
+    self._fan = futures.ThreadPoolExecutor(max(len(addresses), 1), thread_name_prefix='vllm')
     self._pushed = None               # The params the engine holds (kept: identity marks new ones).
     self.lock = threading.RLock()     # Rollouts and streams take turns on the engine (rollout, then its turns).
     self.pushes: list[Push] = []
@@ -147,18 +229,21 @@ class VllmBackend(RolloutBackend):
             'logprobs_mode': 'raw_logprobs' if self.s.temperature == 0 else 'processed_logprobs'}
 
   def push(self, params) -> Push:
-    """The params into the engine: written as a Hugging Face folder, then reloaded in place (the
-    first push starts the engine from it)."""
+    """The params into the engines: written as a Hugging Face folder, then reloaded in place, by
+    every engine at once (the first push starts them from it)."""
     t0 = time.perf_counter()
     convert.params_to_hf(params, self._folder, cfg=self.cfg, overwrite=True)
     t1 = time.perf_counter()
-    started = self.engine is None
-    if started:
-      self.engine = Engine(self.python, self._folder, self.engine_args(),
-                           {'VLLM_CPU_KVCACHE_SPACE': str(self.kv_cache_gib)},
-                           os.path.join(self._dir, 'engine.log'), self.start_timeout_s)
+    started = not self.engines
+    if started and not self.addresses:
+      self.engines = [Engine.spawn(self.python, self._folder, self.engine_args(),
+                                   {'VLLM_CPU_KVCACHE_SPACE': str(self.kv_cache_gib)},
+                                   os.path.join(self._dir, 'engine.log'), self.start_timeout_s)]
+    elif started:
+      self.engines = list(self._fan.map(
+          lambda a: Engine.connect(a, self._folder, self.engine_args(), self.start_timeout_s), self.addresses))
     else:
-      self.engine.call('load', folder=self._folder)
+      list(self._fan.map(lambda e: e.load(self._folder), self.engines))
     self._pushed = params
     push = Push(t1 - t0, time.perf_counter() - t1, started)
     self.pushes.append(push)
@@ -169,7 +254,8 @@ class VllmBackend(RolloutBackend):
     temperature 1: what our forward computes on the same tokens."""
     with self.lock:
       self._push(params)
-      return [np.asarray(x, np.float32) for x in self.engine.call('logprobs', prompts=rows)['logp']]
+      out = self._each('logprobs', range(len(rows)), lambda i: {'prompts': [rows[j] for j in i]})
+      return [np.asarray(out[j]['logp'], np.float32) for j in range(len(rows))]
 
   def _push(self, params) -> float:
     """Pushes params unless the engine holds them. Returns the seconds spent on the push (the
@@ -190,24 +276,33 @@ class VllmBackend(RolloutBackend):
 
   def _sample(self, params, state, trajs: list[Trajectory | None], live_B: np.ndarray, budget_B: np.ndarray,
               keys_Bx2) -> tuple[None, TurnOutput]:
-    rows = np.flatnonzero(live_B)
     seeds = np.asarray(_seeds(keys_Bx2))  # A request's seed is its row's message key's: the same in any batch.
-    out = self.engine.call('generate', prompts=[trajs[r].tokens for r in rows],
-                           max_tokens=[int(budget_B[r]) for r in rows], seeds=[int(seeds[r]) for r in rows],
-                           temperature=self.s.temperature, top_k=self.s.top_k, top_p=self.s.top_p,
-                           stop_ids=self._single)
+    out = self._each('generate', np.flatnonzero(live_B), lambda rows: {
+        'prompts': [trajs[r].tokens for r in rows], 'max_tokens': [int(budget_B[r]) for r in rows],
+        'seeds': [int(seeds[r]) for r in rows], 'temperature': self.s.temperature, 'top_k': self.s.top_k,
+        'top_p': self.s.top_p, 'stop_ids': self._single})
     m = self.s.max_turn_tokens
     tokens = np.full((len(trajs), m), self.tok.pad_id, np.int32)
     logp = np.zeros((len(trajs), m), np.float32)
     n = np.zeros(len(trajs), np.int32)
-    for r, ids, lp in zip(rows, out['ids'], out['logp']):
+    for r, o in out.items():
+      ids, lp = o['ids'], o['logp']
       # Multi-token stop sequences end the message here; the engine sampled past them.
       n[r] = cut_at_stops(ids, self._multi)
       tokens[r, :n[r]], logp[r, :n[r]] = ids[:n[r]], lp[:n[r]]
     return None, TurnOutput(tokens, logp, n, np.zeros((0, len(trajs), m, self.cfg.num_experts_per_tok), np.int32))
 
+  def _each(self, op: str, rows, request) -> dict[int, dict]:
+    """One request for `rows`, row r's part sent to engine r % engines (`request(its rows)` makes
+    each engine's), all engines at once. Returns each row's answer (its fields, that row's)."""
+    parts = [(e, [int(r) for r in rows if r % len(self.engines) == k]) for k, e in enumerate(self.engines)]
+    parts = [(e, rs) for e, rs in parts if rs]
+    answers = self._fan.map(lambda p: p[0].call(op, **request(p[1])), parts)
+    return {r: {k: v[i] for k, v in a.items()} for (_, rs), a in zip(parts, answers) for i, r in enumerate(rs)}
+
   def close(self) -> None:
-    if self.engine is not None:
-      self.engine.close()
-      self.engine = None
+    for e in self.engines:
+      e.close()
+    self.engines = []
+    self._fan.shutdown()
     self._cleanup()
