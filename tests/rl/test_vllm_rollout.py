@@ -166,7 +166,8 @@ def test_a_fleet_samples_what_one_engine_samples_and_takes_every_push(backend, t
   """Two engine servers (rollout.vllm_engines), each sent the weights over its connection, rows
   split between them: the trajectories of the engine the run starts, token for token; after a push
   both serve the new params (rows 0, 2 on one, 1, 3 on the other); a trainer that connects again
-  gets the running engines, in place; a server that dies is named."""
+  gets the running engines, in place; when a server dies its rows go to the other, which samples
+  what it would have (requests are seeded); with none left the run fails, naming them."""
   servers = [vllm_client.start_server(RC.python_path, '127.0.0.1:0', {'VLLM_CPU_KVCACHE_SPACE': '1'},
                                       str(tmp_path / f'server{i}.log')) for i in range(2)]
   rc = backends.RolloutConfig(backend='vllm', weights_dir=str(tmp_path), vllm_engines=tuple(a for _, a in servers))
@@ -186,7 +187,12 @@ def test_a_fleet_samples_what_one_engine_samples_and_takes_every_push(backend, t
       assert np.abs(got - want).max() <= TOL
     servers[1][0].kill()
     servers[1][0].wait()
-    with pytest.raises(vllm_client.EngineError, match=f'the vLLM engine at {servers[1][1]}'):
+    _same_trajectories(backend.rollout(params, make(), jax.random.key(6))[0],
+                       fleet.rollout(params, make(), jax.random.key(6))[0])
+    assert len(fleet.engines) == 1 and servers[1][1] in fleet.lost[0]
+    servers[0][0].kill()
+    servers[0][0].wait()
+    with pytest.raises(vllm_client.EngineError, match=f'no vLLM engine is left: .*at {servers[1][1]}'):
       fleet.logprobs(params, rows)
   finally:
     fleet.close()
@@ -231,6 +237,46 @@ def test_the_vllm_backend_refills_rows_through_the_shared_stream(tmp_path):
   assert sorted(len(t.messages) for t in batch) == [1, 1, 2, 2, 3, 3]
   _same_trajectories(batch, _refilled(b, params, make, jax.random.key(5), 2))
   b.close()
+
+
+class _DyingEngine(_FakeEngine):
+  """A fleet's engine whose server dies after `after` requests."""
+
+  def __init__(self, after):
+    self.after, self.calls, self.closed = after, 0, False
+
+  def call(self, op, **kw):
+    self.calls += 1
+    if self.calls > self.after:
+      raise vllm_client.EngineError('the vLLM engine at gpu7:8100 closed its connection')
+    return super().call(op, **kw)
+
+  def close(self):
+    self.closed = True
+
+
+def _fake_backend(tmp_path, engines, params):
+  b = vllm_client.VllmBackend(CFG, TOK, S, python='unused', weights_dir=str(tmp_path), kv_cache_gib=1,
+                              eager=True, start_timeout_s=1, addresses=('gpu6:8100', 'gpu7:8100')[:len(engines)])
+  b.engines, b._pushed = engines, params  # The engines hold these params: no push.
+  return b
+
+
+def test_a_fleet_engine_that_dies_leaves_its_rows_to_the_others(tmp_path):
+  """Without vLLM: of two fake engines, the second dies after its first request; its rows go to
+  the first, and the trajectories are those of one engine (requests are seeded). It is closed and
+  named in `lost`; with no engine left the rollout fails, naming them."""
+  make = lambda: [Echo(1 + i % 3, 'o' * i) for i in range(6)]
+  params, first, dying = object(), _FakeEngine(), _DyingEngine(after=1)
+  one, fleet = _fake_backend(tmp_path, [_FakeEngine()], params), _fake_backend(tmp_path, [first, dying], params)
+  _same_trajectories(one.rollout(params, make(), jax.random.key(5))[0],
+                     fleet.rollout(params, make(), jax.random.key(5))[0])
+  assert fleet.engines == [first] and dying.closed and dying.calls == 2 and 'gpu7:8100' in fleet.lost[0]
+  fleet.engines = [_DyingEngine(after=0)]
+  with pytest.raises(vllm_client.EngineError, match='no vLLM engine is left: the vLLM engine at gpu7:8100'):
+    fleet.rollout(params, make(), jax.random.key(5))
+  one.close()
+  fleet.close()
 
 
 def test_cut_at_stops():

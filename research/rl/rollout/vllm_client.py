@@ -24,6 +24,7 @@ from concurrent import futures
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import select
 import shutil
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import weakref
+from typing import Any
 
 import jax
 import numpy as np
@@ -183,6 +185,14 @@ def start_server(python: str, address: str, env: dict, log_path: str) -> tuple[s
   return proc, json.loads(line)['listening']
 
 
+def _result(fn, e):
+  """fn(e), or the EngineError it raised."""
+  try:
+    return fn(e)
+  except EngineError as err:
+    return err
+
+
 @jax.jit
 def _seeds(keys_Bx2):
   return jax.vmap(lambda k: jax.random.randint(k, (), 0, 2**31 - 1))(jax.random.wrap_key_data(keys_Bx2))
@@ -216,6 +226,7 @@ class VllmBackend(RolloutBackend):
     self._single = [int(q[-1]) for q in self.stop_seqs if len(q) == 1]
     self._multi = [q for q in self.stop_seqs if len(q) > 1]
     self.engines: list[Engine] = []
+    self.lost: list[str] = []         # The errors of engines dropped from the fleet.
     self._fan = futures.ThreadPoolExecutor(max(len(addresses), 1), thread_name_prefix='vllm')
     self._pushed = None               # The params the engine holds (kept: identity marks new ones).
     self.lock = threading.RLock()     # Rollouts and streams take turns on the engine (rollout, then its turns).
@@ -243,7 +254,7 @@ class VllmBackend(RolloutBackend):
       self.engines = list(self._fan.map(
           lambda a: Engine.connect(a, self._folder, self.engine_args(), self.start_timeout_s), self.addresses))
     else:
-      list(self._fan.map(lambda e: e.load(self._folder), self.engines))
+      self._on_all(lambda e: e.load(self._folder), list(self.engines))
     self._pushed = params
     push = Push(t1 - t0, time.perf_counter() - t1, started)
     self.pushes.append(push)
@@ -294,11 +305,30 @@ class VllmBackend(RolloutBackend):
 
   def _each(self, op: str, rows, request) -> dict[int, dict]:
     """One request for `rows`, row r's part sent to engine r % engines (`request(its rows)` makes
-    each engine's), all engines at once. Returns each row's answer (its fields, that row's)."""
-    parts = [(e, [int(r) for r in rows if r % len(self.engines) == k]) for k, e in enumerate(self.engines)]
-    parts = [(e, rs) for e, rs in parts if rs]
-    answers = self._fan.map(lambda p: p[0].call(op, **request(p[1])), parts)
-    return {r: {k: v[i] for k, v in a.items()} for (_, rs), a in zip(parts, answers) for i, r in enumerate(rs)}
+    each engine's), all engines at once. Returns each row's answer (its fields, that row's). The
+    rows of an engine that fails go to the others (`_on_all`): requests are seeded, so they
+    sample there what they would have sampled on it."""
+    rows = [int(r) for r in rows]
+    parts = {e: [r for r in rows if r % len(self.engines) == k] for k, e in enumerate(self.engines)}
+    answers = self._on_all(lambda e: e.call(op, **request(parts[e])) if parts[e] else {},
+                           [e for e in self.engines if parts[e]])
+    out = {r: {k: v[i] for k, v in a.items()} for e, a in answers.items() for i, r in enumerate(parts[e])}
+    lost = [r for r in rows if r not in out]
+    return {**out, **(self._each(op, lost, request) if lost else {})}
+
+  def _on_all(self, fn, engines: list[Engine]) -> dict[Engine, Any]:
+    """fn(engine) for each of `engines` at once. An engine that fails (EngineError) is dropped from
+    the fleet with a warning and left out of the answers; the run fails only when none is left."""
+    done = dict(zip(engines, self._fan.map(lambda e: _result(fn, e), engines)))
+    for e, out in done.items():
+      if isinstance(out, EngineError):
+        self.engines.remove(e)
+        self.lost.append(str(out))
+        e.close()
+        logging.warning('dropped from the fleet (%d engines left): %s', len(self.engines), out)
+    if not self.engines:
+      raise EngineError('no vLLM engine is left: ' + ' | '.join(self.lost))
+    return {e: out for e, out in done.items() if not isinstance(out, EngineError)}
 
   def close(self) -> None:
     for e in self.engines:
