@@ -35,6 +35,7 @@ class RolloutConfig:
   # --listen=HOST:PORT` in a vLLM venv, on their own hosts or accelerators; docs/cluster.md), sent the
   # weights over the connection; rows are split among them. Empty: one engine started by the run here.
   vllm_engines: tuple[str, ...] = ()
+  vllm_request_timeout_s: int = 600  # A fleet's server that has not answered a request (a push, a turn) in this long is dropped.
 
   def validate(self, path: str = 'rollout.') -> 'RolloutConfig':
     if self.backend not in BACKENDS:
@@ -49,7 +50,7 @@ class RolloutConfig:
                               f'{self.python_path} is not an executable (run `make vllm-venv`)')
       if not os.path.isdir(self.weights_dir):
         raise configs.invalid(path + 'weights_dir', self.weights_dir, 'is not a directory')
-    for f in ('vllm_kv_cache_gib', 'vllm_start_timeout_s'):
+    for f in ('vllm_kv_cache_gib', 'vllm_start_timeout_s', 'vllm_request_timeout_s'):
       if getattr(self, f) < 1:
         raise configs.invalid(path + f, getattr(self, f), 'must be >= 1')
     return self
@@ -66,4 +67,5 @@ def make(rc: RolloutConfig, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig,
     return Sampler(cfg, tok, s, jit=jit)
   return vllm_client.VllmBackend(cfg, tok, s, python=rc.python_path, weights_dir=rc.weights_dir,
                                  kv_cache_gib=rc.vllm_kv_cache_gib, eager=rc.vllm_eager,
-                                 start_timeout_s=rc.vllm_start_timeout_s, addresses=tuple(rc.vllm_engines))
+                                 start_timeout_s=rc.vllm_start_timeout_s, addresses=tuple(rc.vllm_engines),
+                                 request_timeout_s=rc.vllm_request_timeout_s)

@@ -90,9 +90,10 @@ class Engine:
     return e
 
   @classmethod
-  def connect(cls, address: str, folder: str, engine_args: dict, timeout_s: float) -> 'Engine':
+  def connect(cls, address: str, folder: str, engine_args: dict, timeout_s: float,
+              request_timeout_s: float) -> 'Engine':
     """Connects to a fleet's server (retrying while it comes up) and starts its engine from the
-    folder's files, sent over the connection."""
+    folder's files, sent over the connection; later requests time out after request_timeout_s."""
     host, port = address.rsplit(':', 1)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -108,7 +109,7 @@ class Engine:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     e = cls(sock.makefile('rb'), sock.makefile('wb'), f'the vLLM engine at {address}', sock=sock)
     e.version = e.call('start', send=folder, engine=engine_args)['version']
-    sock.settimeout(None)
+    sock.settimeout(request_timeout_s)
     return e
 
   def _read(self, timeout_s: float | None = None) -> dict:
@@ -212,12 +213,13 @@ class VllmBackend(RolloutBackend):
   prefix stays cached where it ran) and every push to all; a lock makes rollouts one at a time."""
 
   def __init__(self, cfg: ModelConfig, tok: Tokenizer, s: SamplerConfig, *, python: str, weights_dir: str,
-               kv_cache_gib: int, eager: bool, start_timeout_s: float, addresses: tuple[str, ...] = ()):
+               kv_cache_gib: int, eager: bool, start_timeout_s: float, addresses: tuple[str, ...] = (),
+               request_timeout_s: float = 600):
     super().__init__(cfg, tok, s)
     config_map.family_of(cfg)  # A model without Hugging Face names cannot be served: fail now.
     self.records_routes = False
     self.python, self.kv_cache_gib, self.eager, self.start_timeout_s = python, kv_cache_gib, eager, start_timeout_s
-    self.addresses = addresses
+    self.addresses, self.request_timeout_s = addresses, request_timeout_s
     self._dir = tempfile.mkdtemp(prefix='vllm_rollout_', dir=weights_dir)
     # Shared memory outlives the process: the folder goes with this object or at exit, whichever is
     # first (the engine exits by itself when its request pipe closes).
@@ -252,7 +254,8 @@ class VllmBackend(RolloutBackend):
                                    os.path.join(self._dir, 'engine.log'), self.start_timeout_s)]
     elif started:
       self.engines = list(self._fan.map(
-          lambda a: Engine.connect(a, self._folder, self.engine_args(), self.start_timeout_s), self.addresses))
+          lambda a: Engine.connect(a, self._folder, self.engine_args(), self.start_timeout_s, self.request_timeout_s),
+          self.addresses))
     else:
       self._on_all(lambda e: e.load(self._folder), list(self.engines))
     self._pushed = params
