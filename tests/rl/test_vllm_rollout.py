@@ -3,6 +3,7 @@ log-probs on the same tokens, weights pushed in place, multi-turn trajectories.
 
 The engine's tests need the vLLM venv (`make vllm-venv`) and are skipped without it.
 """
+import itertools
 import json
 import os
 import socket
@@ -283,24 +284,31 @@ def test_a_fleet_engine_that_dies_leaves_its_rows_to_the_others(tmp_path):
 
 
 def _protocol_server(hang_after_start=False):
-  """An engine server's protocol on loopback without vLLM: reads each request and the files that
-  follow it, answers 'start' and 'push', and 'generate' as _FakeEngine does, or, with
-  hang_after_start, nothing after 'start' (a server that hangs). Returns its 'HOST:PORT' and
-  the files it was sent, by request."""
+  """An engine server's protocol on loopback without vLLM, one connection after another: reads
+  each request and the files that follow it, answers 'start' and 'push', and 'generate' as
+  _FakeEngine does, or, with hang_after_start, nothing after its first connection's 'start' (a
+  server that hangs, then is restarted). Returns its 'HOST:PORT' and the files it was sent, by
+  request."""
   srv, received = socket.create_server(('127.0.0.1', 0)), []
 
-  def run():
-    conn, _ = srv.accept()
+  def serve(conn, hang):
     rx, tx = conn.makefile('rb'), conn.makefile('wb')
     for line in rx:
       req = json.loads(line)
       received.append({name: len(rx.read(size)) for name, size in req.get('files', [])})
-      if req['op'] != 'start' and hang_after_start:
-        threading.Event().wait()
+      if req['op'] != 'start' and hang:
+        return  # Never answers; the connection stays open.
       out = ({'ready': True, 'version': 'fake'} if req['op'] == 'start' else {'seconds': 0.0} if req['op'] == 'push'
              else {} if req['op'] == 'close' else _FakeEngine().call(**req))
       tx.write(json.dumps(out).encode() + b'\n')
       tx.flush()
+
+  def run():
+    hung = []
+    for k in itertools.count():
+      conn, _ = srv.accept()
+      hung.append(conn)  # (Kept open.)
+      serve(conn, hang_after_start and k == 0)
   threading.Thread(target=run, daemon=True).start()
   return '%s:%d' % srv.getsockname()[:2], received
 
@@ -309,7 +317,7 @@ def test_a_fleet_on_sockets_sends_the_weights_and_drops_a_server_that_hangs(tmp_
   """Without vLLM, the client's side of a fleet on real sockets: each server is sent the folder's
   files at the start and at a push (every byte: the next request line parses); a server that
   stops answering after its start is dropped after rollout.vllm_request_timeout_s (1 s) and its
-  rows sample on the other what one engine samples."""
+  rows sample on the other what one engine samples; restarted, it rejoins at the next push."""
   (good, got), (hung, _) = _protocol_server(), _protocol_server(hang_after_start=True)
   rc = backends.RolloutConfig(backend='vllm', weights_dir=str(tmp_path), vllm_engines=(good, hung),
                               vllm_request_timeout_s=1)
@@ -322,8 +330,12 @@ def test_a_fleet_on_sockets_sends_the_weights_and_drops_a_server_that_hangs(tmp_
   assert len(fleet.engines) == 1 and f'the vLLM engine at {hung} cannot be reached: timed out' in fleet.lost[0]
   folder = {n: os.path.getsize(os.path.join(fleet._folder, n)) for n in os.listdir(fleet._folder)}
   assert got[0] == folder and 'config.json' in folder and any(n.endswith('.safetensors') for n in folder)
-  fleet.rollout(transformer.init(CFG, jax.random.key(1)), make(), jax.random.key(5))  # A push.
+  new = transformer.init(CFG, jax.random.key(1))
+  fleet.rollout(new, make(), jax.random.key(5))  # A push.
   assert [r for r in got if r][1] == folder and fleet.pushes[-1].started is False
+  assert [e.address for e in fleet.engines] == [good, hung]  # Rejoined at the push (its 'start').
+  one._pushed = new
+  _same_trajectories(one.rollout(new, make(), jax.random.key(7))[0], fleet.rollout(new, make(), jax.random.key(7))[0])
   fleet.close()
   one.close()
 

@@ -67,8 +67,9 @@ class Engine:
   process of the run's on two pipes (`spawn`), or a fleet's server on a socket (`connect`)."""
 
   def __init__(self, rx, tx, name: str, proc: subprocess.Popen | None = None, log_path: str | None = None,
-               sock: socket.socket | None = None):
+               sock: socket.socket | None = None, address: str | None = None):
     self._rx, self._tx, self.name, self.proc, self.log_path, self._sock = rx, tx, name, proc, log_path, sock
+    self.address = address            # A fleet's server's (None: a process of the run's).
     self.version = None               # vLLM's, once it is up.
 
   @classmethod
@@ -91,11 +92,12 @@ class Engine:
 
   @classmethod
   def connect(cls, address: str, folder: str, engine_args: dict, timeout_s: float,
-              request_timeout_s: float) -> 'Engine':
-    """Connects to a fleet's server (retrying while it comes up) and starts its engine from the
-    folder's files, sent over the connection; later requests time out after request_timeout_s."""
+              request_timeout_s: float, connect_s: float | None = None) -> 'Engine':
+    """Connects to a fleet's server (retrying for connect_s, default timeout_s, while it comes up)
+    and starts its engine from the folder's files, sent over the connection, within timeout_s;
+    later requests time out after request_timeout_s."""
     host, port = address.rsplit(':', 1)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (timeout_s if connect_s is None else connect_s)
     while True:
       try:
         sock = socket.create_connection((host, int(port)), timeout=10)
@@ -107,7 +109,7 @@ class Engine:
         time.sleep(1.0)
     sock.settimeout(timeout_s)  # For its start; a timeout there is an OSError, named by call().
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    e = cls(sock.makefile('rb'), sock.makefile('wb'), f'the vLLM engine at {address}', sock=sock)
+    e = cls(sock.makefile('rb'), sock.makefile('wb'), f'the vLLM engine at {address}', sock=sock, address=address)
     e.version = e.call('start', send=folder, engine=engine_args)['version']
     sock.settimeout(request_timeout_s)
     return e
@@ -258,6 +260,7 @@ class VllmBackend(RolloutBackend):
           self.addresses))
     else:
       self._on_all(lambda e: e.load(self._folder), list(self.engines))
+      self._rejoin()
     self._pushed = params
     push = Push(t1 - t0, time.perf_counter() - t1, started)
     self.pushes.append(push)
@@ -305,6 +308,18 @@ class VllmBackend(RolloutBackend):
       n[r] = cut_at_stops(ids, self._multi)
       tokens[r, :n[r]], logp[r, :n[r]] = ids[:n[r]], lp[:n[r]]
     return None, TurnOutput(tokens, logp, n, np.zeros((0, len(trajs), m, self.cfg.num_experts_per_tok), np.int32))
+
+  def _rejoin(self) -> None:
+    """Fleet servers dropped earlier that accept a connection again (a restarted pod) rejoin at a
+    push, their engine started from (or reloaded with) the folder just written: one quick try each."""
+    live = {e.address for e in self.engines}
+    for a in [a for a in self.addresses if a not in live]:
+      try:
+        self.engines.append(Engine.connect(a, self._folder, self.engine_args(), self.start_timeout_s,
+                                           self.request_timeout_s, connect_s=1.0))
+      except EngineError:
+        continue
+      logging.warning('%s rejoined the fleet (%d engines)', a, len(self.engines))
 
   def _each(self, op: str, rows, request) -> dict[int, dict]:
     """One request for `rows`, row r's part sent to engine r % engines (`request(its rows)` makes
