@@ -340,6 +340,21 @@ def test_a_fleet_on_sockets_sends_the_weights_and_drops_a_server_that_hangs(tmp_
   one.close()
 
 
+def test_the_runs_engine_that_stops_answering_is_killed_and_named(tmp_path):
+  """Without vLLM: an engine process that starts and then never answers fails the request after
+  rollout.vllm_request_timeout_s, killed, instead of holding the run."""
+  fake = tmp_path / 'python'  # Answers the start on the reply pipe (--fds=R,W), then sleeps.
+  fake.write_text('#!/bin/bash\nfor a in "$@"; do case $a in --fds=*) w=${a#*,};; esac; done\n'
+                  'echo \'{"ready": true, "version": "fake"}\' >&"$w"\nexec sleep 600\n')
+  fake.chmod(0o755)
+  e = vllm_client.Engine.spawn(str(fake), str(tmp_path), {}, {}, str(tmp_path / 'engine.log'), 10, request_timeout_s=1)
+  assert e.version == 'fake'
+  with pytest.raises(vllm_client.EngineError, match=r'^the vLLM engine \(pid \d+\) did not answer in 1 s'):
+    e.call('generate', prompts=[[1]])
+  assert e.proc.wait(5) is not None
+  e.close()
+
+
 def test_cut_at_stops():
   assert vllm_client.cut_at_stops([5, 1, 2, 7, 1, 2], [(1, 2)]) == 3
   assert vllm_client.cut_at_stops([5, 6], [(1, 2)]) == 2

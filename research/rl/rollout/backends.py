@@ -35,7 +35,8 @@ class RolloutConfig:
   # --listen=HOST:PORT` in a vLLM venv, on their own hosts or accelerators; docs/cluster.md), sent the
   # weights over the connection; rows are split among them. Empty: one engine started by the run here.
   vllm_engines: tuple[str, ...] = ()
-  vllm_request_timeout_s: int = 600  # A fleet's server that has not answered a request (a push, a turn) in this long is dropped.
+  vllm_request_timeout_s: int = 600  # An engine that has not answered a request (a push, a turn) in this long is
+                                    # dropped (a fleet's) or killed, failing the run (the run's own).
 
   def validate(self, path: str = 'rollout.') -> 'RolloutConfig':
     if self.backend not in BACKENDS:

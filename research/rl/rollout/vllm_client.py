@@ -70,12 +70,14 @@ class Engine:
                sock: socket.socket | None = None, address: str | None = None):
     self._rx, self._tx, self.name, self.proc, self.log_path, self._sock = rx, tx, name, proc, log_path, sock
     self.address = address            # A fleet's server's (None: a process of the run's).
+    self.request_timeout_s = None     # A process's requests' limit (a socket's is the socket's timeout).
     self.version = None               # vLLM's, once it is up.
 
   @classmethod
   def spawn(cls, python: str, folder: str, engine_args: dict, env: dict, log_path: str,
-            timeout_s: float) -> 'Engine':
-    """Starts an engine on this host from the Hugging Face folder."""
+            timeout_s: float, request_timeout_s: float) -> 'Engine':
+    """Starts an engine on this host from the Hugging Face folder, within timeout_s; later
+    requests time out after request_timeout_s (the engine is killed)."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     with open(log_path, 'w') as log:
@@ -88,6 +90,7 @@ class Engine:
     os.close(rep_w)
     e = cls(os.fdopen(rep_r, 'rb'), os.fdopen(req_w, 'wb'), f'the vLLM engine (pid {proc.pid})', proc, log_path)
     e.version = e._read(timeout_s)['version']
+    e.request_timeout_s = request_timeout_s
     return e
 
   @classmethod
@@ -115,14 +118,16 @@ class Engine:
     return e
 
   def _read(self, timeout_s: float | None = None) -> dict:
+    """The next answer, within timeout_s (default: request_timeout_s)."""
     if self.proc is not None:  # (A fleet's server has no process here: its socket tells its end.)
-      deadline = None if timeout_s is None else time.monotonic() + timeout_s
+      limit = self.request_timeout_s if timeout_s is None else timeout_s
+      deadline = None if limit is None else time.monotonic() + limit
       while not select.select([self._rx], [], [], 1.0)[0]:
         if self.proc.poll() is not None:
           raise EngineError(f'{self.name} exited ({self.proc.returncode}){self._log_tail()}')
         if deadline is not None and time.monotonic() > deadline:
           self.proc.kill()
-          raise EngineError(f'{self.name} did not start in {timeout_s} s{self._log_tail()}')
+          raise EngineError(f'{self.name} did not answer in {limit} s{self._log_tail()}')
     try:
       line = self._rx.readline()
     except OSError as err:
@@ -253,7 +258,8 @@ class VllmBackend(RolloutBackend):
     if started and not self.addresses:
       self.engines = [Engine.spawn(self.python, self._folder, self.engine_args(),
                                    {'VLLM_CPU_KVCACHE_SPACE': str(self.kv_cache_gib)},
-                                   os.path.join(self._dir, 'engine.log'), self.start_timeout_s)]
+                                   os.path.join(self._dir, 'engine.log'), self.start_timeout_s,
+                                   self.request_timeout_s)]
     elif started:
       self.engines = list(self._fan.map(
           lambda a: Engine.connect(a, self._folder, self.engine_args(), self.start_timeout_s, self.request_timeout_s),
