@@ -18,22 +18,35 @@ for _flag in ('--xla_force_host_platform_device_count=8', *COMPILE_FLAGS):
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 
-# The slowest test files first (their seconds on 2 cores, docs/benchmarks.md "The suite"): with
+# The slowest test files first (their seconds on 2 cores, a run of the suite on 2026-12-06): with
 # `--dist loadfile` a long file handed out last runs alone at the end while the other worker idles.
+# The two builders of the shared task sets (tests/shared.py) lead, one per worker: both build at
+# once, and no worker waits on the other's lock.
 SLOWEST_FIRST = (
-    'tests/model/test_kernels.py',       # 132 s
-    'tests/tasks/test_redteam.py',       # 126 s
-    'tests/rl/test_rl_multihost.py',     # 79 s
-    'tests/rl/test_env_repo.py',         # 75 s
-    'tests/tasks/test_seal.py',          # 74 s
-    'tests/rl/test_repo_rl.py',          # 71 s
-    'tests/tasks/test_beam_pipeline.py', # 64 s
-    'tests/tasks/test_factory.py',       # 55 s
-    'tests/parallel/test_multihost.py',  # 49 s
-    'tests/rl/test_loop.py',             # 48 s
-    'tests/model/test_sharding.py',      # 48 s
-    'tests/train/test_resume.py',        # 45 s
+    'tests/tasks/test_redteam.py',       # 103 s, fixture_tasks' build (39 s) included
+    'tests/rl/test_env_repo.py',         # 58 s, repo_task_dir's build (29 s) included
+    'tests/rl/test_loop.py',             # 105 s
+    'tests/model/test_kernels.py',       # 85 s
+    'tests/rl/test_rl_multihost.py',     # 54 s
+    'tests/tasks/test_beam_pipeline.py', # 43 s
+    'tests/rl/test_sampler.py',          # 38 s
+    'tests/tasks/test_factory.py',       # 33 s
+    'tests/tasks/test_twin_runs.py',     # 32 s
+    'tests/tasks/test_twins.py',         # 30 s
+    'tests/rl/test_ray_env.py',          # 30 s
+    'tests/model/test_sharding.py',      # 30 s
+    'tests/parallel/test_multihost.py',  # 26 s
+    'tests/rl/test_repo_rl.py',          # 24 s
+    'tests/model/test_moe.py',           # 24 s
+    'tests/rl/test_governance.py',       # 21 s
 )
+
+
+def pytest_configure(config):
+  # xdist hands out the files with the most tests first unless told not to (--loadscope-reorder is
+  # its default), which would undo SLOWEST_FIRST: a one-test file of a minute ran last.
+  if hasattr(config.option, 'loadscopereorder'):
+    config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
