@@ -6,8 +6,16 @@ references with tolerances): LLVM at optimization level 0, XLA's legacy emitters
 MLIR fusion emitters, one codegen piece (the two test workers fill the cores).
 The MLA train step of tests/model/test_sharding.py compiles in 14 s at level 0 alone, 6 s so
 (docs/benchmarks.md, "The test suite's compile time").
+
+Tests compile again what an earlier test of their process compiled (a new Runner, Sampler or jitted
+closure each, with the same shapes): each test process keeps JAX's persistent compilation cache, as
+CPU runs do (launch/processes.py), in a directory of its own (the cache's writes are not atomic),
+so such a program compiles once.
 """
+import atexit
 import os
+import shutil
+import tempfile
 
 COMPILE_FLAGS = ('--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false',
                  '--xla_cpu_parallel_codegen_split_count=1')
@@ -16,6 +24,14 @@ for _flag in ('--xla_force_host_platform_device_count=8', *COMPILE_FLAGS):
   if _flag.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # pylint: disable=g-import-not-at-top  (After XLA_FLAGS.)
+
+_COMPILE_CACHE = tempfile.mkdtemp(prefix='jax-compile-cache-')
+atexit.register(shutil.rmtree, _COMPILE_CACHE, ignore_errors=True)
+jax.config.update('jax_compilation_cache_dir', _COMPILE_CACHE)
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)  # A tiny model's programs too.
+jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
 # The slowest test files first (their seconds on 2 cores, a run of the suite on 2026-12-06): with
