@@ -34,8 +34,9 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)  # A tiny m
 jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
 
-# The slowest test files first (their seconds on 2 cores, a run of the suite on 2026-12-06): with
-# `--dist loadfile` a long file handed out last runs alone at the end while the other worker idles.
+# The slowest test files first (their seconds on 2 cores, docs/benchmarks.md "The suite's file
+# order"): with `--dist loadfile` a long file handed out last runs alone at the end while the other
+# worker idles.
 # The two builders of the shared task sets (tests/shared.py) lead, one per worker: both build at
 # once, and no worker waits on the other's lock.
 SLOWEST_FIRST = (
