@@ -168,8 +168,8 @@ def main(argv):
   print(f'| model | params | ours tok/s | vLLM tok/s | max_abs_logprob_diff | push s | after push: diff to new / old |')
   print('|---|---:|---:|---:|---:|---:|---|')
   for r in results:
-    for name, e in [(r['model'], r), *([(f"{r['model']}, fleet of {r['fleet']['engines']}", r['fleet'])]
-                                         if 'fleet' in r else [])]:
+    rows = [(r['model'], r)] + ([(f"{r['model']}, fleet of {r['fleet']['engines']}", r['fleet'])] if 'fleet' in r else [])
+    for name, e in rows:
       p = e['push']
       print(f"| {name} | {r['params']['total_params'] / 1e6:.1f}M | {r['ours_tokens_per_s']:.0f} | "
             f"{e['vllm_tokens_per_s']:.0f} | {e['max_abs_logprob_diff']:.1e} | {p['total_s']:.2f} | "

@@ -304,10 +304,10 @@ def _protocol_server(hang_after_start=False):
       tx.flush()
 
   def run():
-    hung = []
+    conns = []  # Kept, so that a hung one stays open.
     for k in itertools.count():
       conn, _ = srv.accept()
-      hung.append(conn)  # (Kept open.)
+      conns.append(conn)
       serve(conn, hang_after_start and k == 0)
   threading.Thread(target=run, daemon=True).start()
   return '%s:%d' % srv.getsockname()[:2], received

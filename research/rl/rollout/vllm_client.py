@@ -66,11 +66,11 @@ class Engine:
   """One engine behind a JSON-lines channel (vllm_engine/server.py), one request at a time: a
   process of the run's on two pipes (`spawn`), or a fleet's server on a socket (`connect`)."""
 
-  def __init__(self, rx, tx, name: str, proc: subprocess.Popen | None = None, log_path: str | None = None,
-               sock: socket.socket | None = None, address: str | None = None):
+  def __init__(self, rx, tx, name: str, request_timeout_s: float, proc: subprocess.Popen | None = None,
+               log_path: str | None = None, sock: socket.socket | None = None, address: str | None = None):
     self._rx, self._tx, self.name, self.proc, self.log_path, self._sock = rx, tx, name, proc, log_path, sock
+    self.request_timeout_s = request_timeout_s  # (On a socket, also the socket's timeout once started.)
     self.address = address            # A fleet's server's (None: a process of the run's).
-    self.request_timeout_s = None     # A process's requests' limit (a socket's is the socket's timeout).
     self.version = None               # vLLM's, once it is up.
 
   @classmethod
@@ -88,9 +88,9 @@ class Engine:
           pass_fds=(req_r, rep_w))
     os.close(req_r)
     os.close(rep_w)
-    e = cls(os.fdopen(rep_r, 'rb'), os.fdopen(req_w, 'wb'), f'the vLLM engine (pid {proc.pid})', proc, log_path)
+    e = cls(os.fdopen(rep_r, 'rb'), os.fdopen(req_w, 'wb'), f'the vLLM engine (pid {proc.pid})', request_timeout_s,
+            proc, log_path)
     e.version = e._read(timeout_s)['version']
-    e.request_timeout_s = request_timeout_s
     return e
 
   @classmethod
@@ -100,7 +100,8 @@ class Engine:
     and starts its engine from the folder's files, sent over the connection, within timeout_s;
     later requests time out after request_timeout_s."""
     host, port = address.rsplit(':', 1)
-    deadline = time.monotonic() + (timeout_s if connect_s is None else connect_s)
+    connect_s = timeout_s if connect_s is None else connect_s
+    deadline = time.monotonic() + connect_s
     while True:
       try:
         sock = socket.create_connection((host, int(port)), timeout=10)
@@ -108,11 +109,12 @@ class Engine:
       except OSError as err:
         if time.monotonic() > deadline:
           raise EngineError(f'no vLLM engine server answers at {address} (rollout.vllm_engines) after '
-                            f'{timeout_s} s: {err}') from None
+                            f'{connect_s:g} s: {err}') from None
         time.sleep(1.0)
     sock.settimeout(timeout_s)  # For its start; a timeout there is an OSError, named by call().
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    e = cls(sock.makefile('rb'), sock.makefile('wb'), f'the vLLM engine at {address}', sock=sock, address=address)
+    e = cls(sock.makefile('rb'), sock.makefile('wb'), f'the vLLM engine at {address}', request_timeout_s,
+            sock=sock, address=address)
     e.version = e.call('start', send=folder, engine=engine_args)['version']
     sock.settimeout(request_timeout_s)
     return e
@@ -121,11 +123,11 @@ class Engine:
     """The next answer, within timeout_s (default: request_timeout_s)."""
     if self.proc is not None:  # (A fleet's server has no process here: its socket tells its end.)
       limit = self.request_timeout_s if timeout_s is None else timeout_s
-      deadline = None if limit is None else time.monotonic() + limit
+      deadline = time.monotonic() + limit
       while not select.select([self._rx], [], [], 1.0)[0]:
         if self.proc.poll() is not None:
           raise EngineError(f'{self.name} exited ({self.proc.returncode}){self._log_tail()}')
-        if deadline is not None and time.monotonic() > deadline:
+        if time.monotonic() > deadline:
           self.proc.kill()
           raise EngineError(f'{self.name} did not answer in {limit} s{self._log_tail()}')
     try:
