@@ -15,8 +15,10 @@ from pathlib import Path
 import platform
 import shutil
 import signal
+import socket
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 from typing import Callable, Mapping, Sequence
@@ -116,11 +118,18 @@ def _which(tool: str) -> str:
   return path
 
 
-def _rlimit_argv(limits: Limits) -> list[str]:
+def _rlimits(limits: Limits) -> list[tuple[str, str, int, int]]:
+  """The command's rlimits: (prlimit's option, resource's name, soft, hard)."""
   mb = 1 << 20
-  return [_which(PRLIMIT), f'--cpu={limits.cpu_s}:{limits.cpu_s + 1}',
-          f'--as={limits.memory_mb * mb}', f'--nproc={limits.nproc}',
-          f'--fsize={limits.fsize_mb * mb}', '--core=0', '--']
+  return [('cpu', 'RLIMIT_CPU', limits.cpu_s, limits.cpu_s + 1),
+          ('as', 'RLIMIT_AS', limits.memory_mb * mb, limits.memory_mb * mb),
+          ('nproc', 'RLIMIT_NPROC', limits.nproc, limits.nproc),
+          ('fsize', 'RLIMIT_FSIZE', limits.fsize_mb * mb, limits.fsize_mb * mb),
+          ('core', 'RLIMIT_CORE', 0, 0)]
+
+
+def _rlimit_argv(limits: Limits) -> list[str]:
+  return [_which(PRLIMIT), *(f'--{o}={s}:{h}' for o, _, s, h in _rlimits(limits)), '--']
 
 
 # The kernel's keyrings are kept per uid and outlive a run: through them one run of a grading
@@ -155,10 +164,11 @@ def seccomp_program(machine: str | None = None) -> bytes:
 
 def _bwrap_argv(ro: Sequence[str], rw: Sequence[str], cwd: str, env: Mapping[str, str],
                 limits: Limits, uid: int, hide: Sequence[str] = (),
-                seccomp_fd: int | None = None) -> list[str]:
+                seccomp_fd: int | None = None, info_fd: int | None = None) -> list[str]:
   argv = [_which(BWRAP), '--unshare-pid', '--unshare-net', '--unshare-ipc', '--unshare-uts',
           '--unshare-cgroup-try', '--die-with-parent', '--new-session', '--clearenv',
           *(['--seccomp', str(seccomp_fd)] if seccomp_fd is not None else []),
+          *(['--info-fd', str(info_fd)] if info_fd is not None else []),
           '--proc', '/proc', '--dev', '/dev',
           '--perms', '1777', '--size', str(limits.tmp_mb << 20), '--tmpfs', '/tmp',
           # multiprocessing needs POSIX semaphores, which live in /dev/shm.
@@ -218,7 +228,8 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
         limits: Limits = Limits(), stdin: bytes = b'', uid: int | None = None,
         isolate: bool = True, pass_fds: Sequence[int] = (),
         hide: Sequence[str | os.PathLike] = (), watch: Callable[[], bool] | None = None,
-        watch_s: float = 1.0, stop: threading.Event | None = None) -> Completed:
+        watch_s: float = 1.0, stop: threading.Event | None = None,
+        zygote: 'Zygote | None' = None) -> Completed:
   """Runs argv with only `ro` (read-only) and `rw` binds visible, at their host paths.
 
   `pass_fds` stay open in the command at the same numbers (e.g. a pipe the harness reads).
@@ -227,18 +238,24 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   outgrew its budget: the file-size limit bounds each file, not how many).
   `stop`, set by another thread while the command runs, kills it at once (e.g. a harness that has
   read from a pipe all it needs); run sets it too, as the command ends.
+  `zygote`: argv is `zygote.python -I -B SCRIPT|-c CODE ARGS...` in the zygote's environment, and
+  runs as a fork of it that joins the sandbox (see Zygote), not as an exec'd interpreter.
 
   With isolate=False the same command runs as a plain subprocess under the same rlimits and
   wall clock, for comparison (it sees the whole machine).
   """
   env = dict(env or {})
   uid = uid_for() if uid is None else uid
+  if zygote is not None:
+    if not isolate or stdin:
+      raise ValueError('runs of a zygote are sandboxed and read no input')
+    return _forked(zygote, zygote.request(argv, env), cwd=os.fspath(cwd),
+                   ro=[os.fspath(p) for p in ro], rw=[os.fspath(p) for p in rw], env=env,
+                   limits=limits, uid=uid, pass_fds=pass_fds, hide=[os.fspath(p) for p in hide],
+                   watch=watch, watch_s=watch_s, stop=stop)
   seccomp = None
   if isolate:
-    # bwrap reads the filter from a pipe (a few dozen bytes: the write never blocks).
-    seccomp, write_end = os.pipe()
-    os.write(write_end, seccomp_program())
-    os.close(write_end)
+    seccomp = _seccomp_fd()
     prefix = _bwrap_argv([os.fspath(p) for p in ro], [os.fspath(p) for p in rw],
                          os.fspath(cwd), env, limits, uid, [os.fspath(p) for p in hide],
                          seccomp)
@@ -267,7 +284,9 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
     proc.stdin.close()
   except BrokenPipeError:
     pass  # The command exited without reading its input; its exit status says why.
-  timed_out = _wait(proc, start + limits.wall_s, watch, watch_s, stop)
+  ended = threading.Event()
+  threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+  timed_out = _wait(ended, start + limits.wall_s, watch, watch_s, stop, lambda: _kill(proc))
   reader.join()
   proc.stdout.close()
   text = output.text()
@@ -275,26 +294,179 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   return Completed(proc.returncode, timed_out, time.perf_counter() - start, text, error)
 
 
-def _wait(proc: subprocess.Popen, deadline: float, watch: Callable[[], bool] | None,
-          watch_s: float, stop: threading.Event | None) -> bool:
-  """Waits for `proc` until `deadline` (perf_counter), asking `watch` every `watch_s`; kills it
-  when time is up, `watch` says so or `stop` is set. Returns whether the wall clock ran out."""
+def _seccomp_fd() -> int:
+  """A pipe's read end holding the seccomp filter (bwrap reads it; a few dozen bytes, so the
+  write never blocks)."""
+  read_end, write_end = os.pipe()
+  os.write(write_end, seccomp_program())
+  os.close(write_end)
+  return read_end
+
+
+def _kill(proc: subprocess.Popen) -> None:
+  """Kills the command's process group: for bwrap, the namespace's init, which takes every
+  process inside with it."""
+  with contextlib.suppress(ProcessLookupError):  # The command ended meanwhile.
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait(ended: threading.Event, deadline: float, watch: Callable[[], bool] | None,
+          watch_s: float, stop: threading.Event | None, kill: Callable[[], None]) -> bool:
+  """Waits for `ended` until `deadline` (perf_counter), asking `watch` every `watch_s`; calls
+  `kill` when time is up, `watch` says so or `stop` is set, and waits for the end it brings.
+  Returns whether the wall clock ran out."""
   wake = stop or threading.Event()
-  # A thread blocked in waitpid wakes this one as the command ends (Popen.wait with a timeout
-  # polls, and notices an end up to 50 ms late).
-  threading.Thread(target=lambda: (proc.wait(), wake.set()), daemon=True).start()
+  threading.Thread(target=lambda: (ended.wait(), wake.set()), daemon=True).start()
   while True:
     left = deadline - time.perf_counter()
     wake.wait(max(min(left, watch_s) if watch else left, 0))
-    if proc.poll() is not None:
+    if ended.is_set():
       return False
     timed_out = time.perf_counter() >= deadline
     if timed_out or wake.is_set() or watch and watch():
-      # Killing bwrap kills the namespace's init, which takes every process inside with it.
-      with contextlib.suppress(ProcessLookupError):  # The command ended meanwhile.
-        os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
+      kill()
+      ended.wait()
       return timed_out
+
+
+# --- Runs forked from a zygote ------------------------------------------------------------------
+ZYGOTE = Path(__file__).with_name('zygote.py')
+# What a forked run's sandbox runs while the run is in it: it prints once the sandbox is set up,
+# and ends (ending the sandbox) when the harness closes its input after the run.
+_PLACEHOLDER = ('/bin/sh', '-c', 'echo ready && exec cat >/dev/null')
+
+
+class Zygote:
+  """An interpreter that has imported `preload` once and forks sandboxed runs of itself.
+
+  A run of `python -I -B` costs its start-up and imports each time (pytest's: about 90 ms, most
+  of a short test run). A zygote (research/tasks/zygote.py, outside any sandbox) pays them once;
+  for each run the harness sets up a bubblewrap sandbox exactly as for an exec'd command, with a
+  placeholder command, and the zygote forks a process that joins the sandbox's namespaces and
+  root, takes the run's rlimits, uid, seccomp filter and session as bwrap, setpriv and prlimit
+  give them, checks them, and runs the script. Every run of one zygote starts from the same state
+  (no code of a run ever runs in the zygote), so runs differ in what they are given, not in
+  when they ran. Threads share one zygote; it starts on first use and restarts if it died.
+  """
+
+  def __init__(self, python: str, env: Mapping[str, str], preload: Sequence[str] = ()):
+    self.python, self.env, self.preload = python, dict(env), tuple(preload)
+    self._lock = threading.Lock()
+    self._proc: subprocess.Popen | None = None
+    self._sock: socket.socket | None = None
+
+  def request(self, argv: Sequence[str], env: Mapping[str, str]) -> dict:
+    """What the zygote needs of `argv`, a command it can run in `env`."""
+    argv = [os.fspath(a) for a in argv]
+    if argv[:3] != [self.python, '-I', '-B'] or len(argv) < 4 or argv[3] == '-c' and len(argv) < 5:
+      raise ValueError(f'a zygote of {self.python} runs `{self.python} -I -B SCRIPT|-c CODE ...`, '
+                       f'not {argv[:4]}')
+    if dict(env) != self.env:
+      raise ValueError(f'a zygote runs in the environment it started in, not {dict(env)}')
+    code = argv[3] == '-c'
+    return {'script': None if code else argv[3], 'code': argv[4] if code else None,
+            'args': argv[5 if code else 4:], 'env': self.env}
+
+  def _start(self) -> None:
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    log = tempfile.TemporaryFile()
+    with theirs:
+      proc = subprocess.Popen(
+          [self.python, '-I', '-B', str(ZYGOTE), str(theirs.fileno()), *self.preload],
+          env=self.env, cwd='/', stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+          pass_fds=(theirs.fileno(),), start_new_session=True)
+    if mine.recv(16) != b'ready':
+      proc.wait()
+      log.seek(0)
+      raise OSError(f'the zygote of {self.python} did not start: {log.read()[-500:]!r}')
+    self._proc, self._sock = proc, mine
+
+  def send(self, request: dict, fds: Sequence[int]) -> None:
+    with self._lock:
+      if self._proc is None or self._proc.poll() is not None:
+        self._start()
+      socket.send_fds(self._sock, [json.dumps(request).encode()], list(fds))
+
+
+_ZYGOTES: dict[tuple, Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
+
+
+def zygote_for(python: str, env: Mapping[str, str], preload: Sequence[str] = ()) -> Zygote:
+  """This process's zygote of `python` in `env` with `preload` imported (one per key)."""
+  key = (python, tuple(sorted(env.items())), tuple(preload))
+  with _ZYGOTES_LOCK:
+    if key not in _ZYGOTES:
+      _ZYGOTES[key] = Zygote(python, env, preload)
+    return _ZYGOTES[key]
+
+
+def _forked(zygote: Zygote, request: dict, *, cwd: str, ro: list[str], rw: list[str],
+            env: dict, limits: Limits, uid: int, pass_fds: Sequence[int], hide: list[str],
+            watch: Callable[[], bool] | None, watch_s: float,
+            stop: threading.Event | None) -> Completed:
+  """run() of a zygote's command: the sandbox set up by bwrap around a placeholder, the command
+  forked into it by the zygote."""
+  seccomp = _seccomp_fd()
+  info_read, info_write = os.pipe()
+  prefix = _bwrap_argv(ro, rw, cwd, env, limits, uid, hide, seccomp, info_write)
+  for p in rw:
+    _chown_tree(p, uid)
+  start = time.perf_counter()
+  elapsed = lambda: time.perf_counter() - start
+  try:
+    proc = subprocess.Popen([*prefix, *_rlimit_argv(limits), *_PLACEHOLDER],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=cwd, env={}, start_new_session=True,
+                            pass_fds=(seccomp, info_write))
+  except OSError as e:
+    os.close(info_read)
+    return Completed(-1, False, elapsed(), '', f'could not start: {e}')
+  finally:
+    os.close(seccomp)
+    os.close(info_write)
+  with proc, os.fdopen(info_read, 'rb') as info:
+    first = proc.stdout.readline()
+    if first != b'ready\n':  # bwrap failed: nothing ran.
+      proc.stdin.close()
+      text = (first + proc.stdout.read()).decode('utf-8', 'replace')
+      proc.wait()
+      return Completed(proc.returncode, False, elapsed(), text,
+                       text.strip() or f'bwrap ended with {proc.returncode} before its command')
+    # bwrap writes it in pieces as the sandbox starts, then closes it.
+    ns_pid = json.loads(info.read())['child-pid']
+    out_read, out_write = os.pipe()
+    status, remote = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+      zygote.send({**request, 'ns_pid': ns_pid, 'cwd': cwd, 'uid': uid, 'fds': list(pass_fds),
+                   'seccomp': seccomp_program().hex(), 'rlimits': [r[1:] for r in _rlimits(limits)]},
+                  [remote.fileno(), out_write, *pass_fds])
+    except OSError as e:
+      _kill(proc)
+      os.close(out_read)
+      return Completed(-1, False, elapsed(), '', f'zygote failed: {e}')
+    finally:
+      remote.close()
+      os.close(out_write)
+    output = _Tail(limits.output_kb << 10)
+    with status, os.fdopen(out_read, 'rb') as out:
+      reader = threading.Thread(target=output.drain, args=(out,), daemon=True)
+      reader.start()
+      ended, report = threading.Event(), []
+      threading.Thread(target=lambda: (report.append(status.recv(1 << 16)), ended.set()),
+                       daemon=True).start()
+      # Killing bwrap ends the run with its namespace: the keeper reports that end.
+      timed_out = _wait(ended, start + limits.wall_s, watch, watch_s, stop, lambda: _kill(proc))
+      proc.stdin.close()  # The placeholder ends, and bwrap's init takes what the run left.
+      proc.wait()
+      reader.join()
+    result = json.loads(report[0] or b'{"error": "the keeper ended without a report"}')
+    text = output.text()
+    if 'error' in result:
+      return Completed(-1, timed_out, elapsed(), text, f'zygote failed: {result["error"]}')
+    code = os.waitstatus_to_exitcode(result['status'])
+    # As bwrap reports its command's end: 128 + the signal that killed it.
+    return Completed(128 - code if code < 0 else code, timed_out, elapsed(), text)
 
 
 def _chown_tree(root: str, uid: int) -> None:

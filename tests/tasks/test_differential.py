@@ -146,6 +146,38 @@ def test_a_check_the_original_gives_nothing_to_compare_is_masked_not_passed(fixt
   fault (masked), never a 1."""
   _, task_dir, _ = fixture_tasks
   t = _task(task_dir, 'slugify')
+  monkeypatch.setattr(differential, '_POOLS', {})
   monkeypatch.setattr(differential, 'steady', lambda *args, **kwargs: (None, []))
   g = grader.grade(t, task_dir / t.grading_tree, _with_body(task_dir, t, _MEMORIZED))
   assert g.reward is None and g.fault == 'differential check: the original did not answer'
+
+
+def test_the_original_answers_a_task_s_pool_once_and_each_grading_draws_afresh(fixture_tasks,
+                                                                              monkeypatch):
+  _, task_dir, _ = fixture_tasks
+  t = _task(task_dir, 'slugify')
+  reference = task_lib.read_solutions(task_dir)[t.id].patch
+  monkeypatch.setattr(differential, '_POOLS', {})
+  runs = []
+  steady = differential.steady
+  monkeypatch.setattr(differential, 'steady', lambda *a, **k: runs.append(a) or steady(*a, **k))
+  grades = [grader.grade(t, task_dir / t.grading_tree, reference) for _ in range(3)]
+  assert [g.reward for g in grades] == [1.0] * 3 and len(runs) == 1
+  checks = [g.differential for g in grades]
+  assert len({c['pool_seed'] for c in checks}) == 1 and len({c['seed'] for c in checks}) == 3
+  assert checks[0]['inputs'] == differential.POOL and checks[0]['compared'] == differential.FRESH
+  # What each grading drew: the candidate's calls (its run's inputs) differ from draw to draw.
+  drawn = []
+  answers = differential.answers
+  monkeypatch.setattr(differential, 'answers',
+                      lambda task, tree, inputs, *a, **k: drawn.append(inputs) or answers(
+                          task, tree, inputs, *a, **k))
+  assert [grader.grade(t, task_dir / t.grading_tree, reference, seed=s).reward
+          for s in (1, 2)] == [1.0, 1.0]
+  assert len(drawn) == 2 and drawn[0] != drawn[1] and len(runs) == 1
+  # A pool the original answered nothing of is not kept: the next check runs the original again.
+  monkeypatch.setattr(differential, '_POOLS', {})
+  monkeypatch.setattr(differential, 'steady', lambda *a, **k: runs.append(a) or (None, []))
+  for _ in range(2):
+    assert grader.grade(t, task_dir / t.grading_tree, reference).fault
+  assert len(runs) == 3

@@ -243,6 +243,23 @@ def _trick():
   import unittest
   unittest.TestCase.assertEqual.__code__ = (lambda self, first, second, msg=None: None).__code__
 '''),
+    "a keyword default of a pytest function swapped": (
+        'changed in place: _pytest.main.search_pypath keyword default consider_namespace_packages',
+        '''
+def _trick():
+  import _pytest.main
+  _pytest.main.search_pypath.__kwdefaults__['consider_namespace_packages'] = 0
+'''),
+    # The checks of in-place changes compare through functions the runner took at its start.
+    "the check's comparisons blinded, then a pytest function's code swapped": (
+        'changed in place: _pytest.python.Function.runtest __code__', '''
+def _trick():
+  import builtins, operator, _pytest.python
+  operator.is_not = lambda a, b: False
+  builtins.any = lambda values: False
+  builtins.map = lambda f, *columns: ()
+  _pytest.python.Function.runtest.__code__ = (lambda self: None).__code__
+'''),
     "a pytest class's bases swapped": ('changed in place: _pytest.reports.TestReport __bases__', '''
 def _trick():
   import _pytest.reports

@@ -4,9 +4,12 @@ A deletion task knows its original. The factory records the inputs the required 
 deleted function with (`trace`, in a run of the original) and keeps those the original answers
 the same way twice (`Task.calls`, with the original's file under `originals/`). At every grading
 that the tests would pass, `check` draws fresh inputs near the recorded ones (`fresh`: strings,
-numbers, lengths and containers perturbed, types kept; seeded per grading, the seed in the grade),
-calls the original twice (inputs in two orders) and the candidate once, each in its own sandbox
-under the task's limits, and keeps the inputs where the original's two answers agree. The
+numbers, lengths and containers perturbed, types kept) and calls the candidate on them, in its own
+sandbox under the task's limits. They come from a pool per task and harness process (`Pool`:
+POOL inputs drawn from a secret seed, answered by the original twice, inputs in two orders, each
+in a sandbox of its own, keeping the inputs where its two answers agree), drawn afresh at every
+grading (seeded per grading; both seeds in the grade): the original runs at a task's first
+check in the process, not at every one, and no run shows the candidate more than its draw. The
 candidate must answer each of those (where the original's answer is builtins throughout) as the original does: the same value (floats to 1e-9), the
 same changes to its arguments, an exception where the original raised one, in time where it
 answered in time. Neither the original nor its answers are ever in the candidate's sandbox, so a
@@ -20,6 +23,7 @@ import random
 import secrets
 import shutil
 import string
+import threading
 
 from research.tasks import layout
 from research.tasks import sandbox
@@ -31,6 +35,7 @@ CALLS = Path(__file__).parent / 'sandboxed' / 'calls.py'
 _RECORD = Path(__file__).parent / 'sandboxed' / 'record.py'
 
 FRESH = 24            # Fresh inputs per grading.
+POOL = 4 * FRESH      # Inputs of a task's pool, which gradings draw theirs from.
 PER_CALL_S = 2.0      # Time one call may take (the original, on an input, too).
 MIN_CALLS = 1         # Recorded calls a task needs to use the check (each gives fresh inputs).
 TRACE_LIMIT = 64      # Distinct calls recorded per task.
@@ -39,15 +44,16 @@ TRACE_LIMIT = 64      # Distinct calls recorded per task.
 @dataclasses.dataclass(frozen=True)
 class Check:
   """One grading's differential check."""
-  seed: int
-  inputs: int                       # Fresh inputs drawn.
-  compared: int                     # Those the original answered the same way twice.
+  seed: int                         # The grading's draw from the pool.
+  inputs: int                       # Inputs of the pool.
+  compared: int                     # Those drawn (the original answered each the same way twice).
   wrong: int                        # Those the candidate answered otherwise.
   disagreed: list[str]              # The first few of them.
   # Why no input could be compared (the original did not answer, or answered nothing the same way
   # twice): the harness's own fault, in processes the candidate's code never ran in. Masked, not
   # passed: a check that did not run must not let a memorized body through.
   fault: str | None = None
+  pool_seed: int | None = None      # The pool's.
 
   @property
   def passed(self) -> bool:
@@ -271,21 +277,55 @@ def steady(task: Task, original: Path, inputs: list[str], scratch: Path, limits:
   return first, deterministic(first, second[::-1], inputs)
 
 
-def check(task: Task, candidate: Path, graded: Path, scratch: Path, limits: sandbox.Limits, *,
-          python: str, seed: int, uid: int | None = None, isolate: bool = True) -> Check:
-  """Fresh inputs for the original (twice) and the candidate at `candidate` (its tree)."""
-  inputs = fresh(recorded(task.calls), random.Random(seed))
-  kwargs = dict(python=python, uid=uid, isolate=isolate)
+@dataclasses.dataclass(frozen=True)
+class Pool:
+  """A task's inputs for differential checks in this process, with the original's answers."""
+  seed: int
+  inputs: list[str]
+  answers: list | None  # The original's first answer to each input; None where it gave none.
+  kept: list[int]   # The inputs it answered the same way twice.
+
+
+_POOLS: dict[tuple, Pool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def pool(task: Task, graded: Path, scratch: Path, limits: sandbox.Limits, **kwargs) -> Pool:
+  """The task's pool (graded: its grading tree): made at its first check in this process (from
+  a secret seed), kept once the original answered some input the same way twice."""
+  key = (task.id, tuple(task.calls), str(graded), kwargs['python'], kwargs['isolate'], limits)
+  with _POOLS_LOCK:
+    if key in _POOLS:
+      return _POOLS[key]
+  seed = secrets.randbits(63)
+  inputs = fresh(recorded(task.calls), random.Random(seed), POOL)
   original = original_tree(task, graded, scratch / 'original')
   first, kept = steady(task, original, inputs, scratch, limits, **kwargs)
-  if not kept:
-    why = 'did not answer' if first is None else 'answered no input the same way twice'
-    return Check(seed, len(inputs), 0, 0, [], f'differential check: the original {why}')
-  answer = answers(task, candidate, [inputs[i] for i in kept], scratch / 'c', limits, **kwargs)
+  made = Pool(seed, inputs, first, kept)
+  if not kept:  # Not kept: a run the load ended early must not fail every later check.
+    return made
+  with _POOLS_LOCK:
+    return _POOLS.setdefault(key, made)
+
+
+def check(task: Task, candidate: Path, graded: Path, scratch: Path, limits: sandbox.Limits, *,
+          python: str, seed: int, uid: int | None = None, isolate: bool = True) -> Check:
+  """FRESH inputs drawn with `seed` from the task's pool, answered by the candidate at
+  `candidate` (its tree) as by the original."""
+  kwargs = dict(python=python, uid=uid, isolate=isolate)
+  drawn = pool(task, graded, scratch, limits, **kwargs)
+  if not drawn.kept:
+    why = 'did not answer' if drawn.answers is None else 'answered no input the same way twice'
+    return Check(seed, len(drawn.inputs), 0, 0, [], f'differential check: the original {why}',
+                 drawn.seed)
+  chosen = sorted(random.Random(seed).sample(drawn.kept, min(FRESH, len(drawn.kept))))
+  answer = answers(task, candidate, [drawn.inputs[i] for i in chosen], scratch / 'c', limits,
+                   **kwargs)
   if answer is None:
-    return Check(seed, len(inputs), len(kept), len(kept), ['no answer for every input'])
-  wrong = [inputs[i] for i, a in zip(kept, answer) if not agrees(first[i], a)]
-  return Check(seed, len(inputs), len(kept), len(wrong), wrong[:3])
+    return Check(seed, len(drawn.inputs), len(chosen), len(chosen), ['no answer for every input'],
+                 pool_seed=drawn.seed)
+  wrong = [drawn.inputs[i] for i, a in zip(chosen, answer) if not agrees(drawn.answers[i], a)]
+  return Check(seed, len(drawn.inputs), len(chosen), len(wrong), wrong[:3], pool_seed=drawn.seed)
 
 
 # --- The factory's half -------------------------------------------------------------------------

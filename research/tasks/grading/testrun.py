@@ -28,6 +28,11 @@ _OUTPUT_KB = 1024
 _REPORT_BYTES = 64 << 20
 
 
+# What the zygote of pytest runs imports once (sandbox.Zygote), the most of a run's start-up:
+# pytest, its builtin plugins (pytest imports each at every start) and unittest (the runner's).
+PRELOAD = ('pytest', '_pytest.config', 'unittest')
+
+
 # The environment of every sandboxed run of grading (tests and differential calls).
 ENV = {'LANG': 'C.UTF-8', 'LC_ALL': 'C.UTF-8', 'TZ': 'UTC', 'PYTHONHASHSEED': '0',
         'PYTHONDONTWRITEBYTECODE': '1', 'PYTHONNOUSERSITE': '1',
@@ -211,7 +216,8 @@ def _sandboxed(command: list[str], config: dict, *, tree: Path, harness: Path, o
                        ro=[tree, harness, *sandbox.python_roots(python), *site_dirs],
                        rw=[out], env=env, limits=limits, uid=uid, isolate=isolate,
                        pass_fds=(write_fd,), hide=sandbox.python_hidden(python),
-                       stop=stop if until else None)
+                       stop=stop if until else None,
+                       zygote=sandbox.zygote_for(python, env, PRELOAD) if isolate else None)
   finally:
     os.close(write_fd)
   reader.join(timeout=10)

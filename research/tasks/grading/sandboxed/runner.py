@@ -1,6 +1,7 @@
 """Runs pytest inside the sandbox and streams per-test events to the harness through a pipe.
 
-Executed as `python -I -B runner.py CONFIG` with the write end of a pipe open at the config's
+Executed as `python -I -B runner.py CONFIG` (forked from a zygote that imported pytest: see
+research/tasks/sandbox.py's Zygote) with the write end of a pipe open at the config's
 `report_fd`; standalone (stdlib, pytest and optionally coverage), so nothing from this repository
 enters the sandbox. The runner holds no secret: code under test shares this process and can reach
 anything the runner holds (a key, an hmac object, a signing method), so a secret would only hide
@@ -11,13 +12,18 @@ hooks, the functions the reporter relies on); that raises the bar, while the gra
 tests and mutant twins make forging pointless.
 """
 import builtins
+import itertools
 import json
+import operator
 import os
 import sys
 
 # Taken before any code under test runs: the reporter writes only through these, and the
 # checks compare the live attributes against them.
 _DUMPS, _WRITE, _EXIT = json.dumps, os.write, os._exit
+# What the check of in-place changes compares with at C speed (_unchanged), taken as well.
+_MAP, _ANY, _GETATTR, _IS_NOT = map, any, getattr, operator.is_not
+_DICT_GET, _REPEAT = dict.get, itertools.repeat
 
 
 def _watched():
@@ -106,6 +112,32 @@ def _in_place(modules):
           for f in _functions_in(entry):
             parts += _function_parts(f'{label}.{key}', f)
   return parts, classes
+
+
+def _columns(parts, columns):
+  """`columns` with the parts of _in_place added as _unchanged compares them: (objects,
+  attributes, values) of attributes, (dictionaries, keys, values) of dictionary items; and the
+  parts of cells, which are read one by one (an empty cell raises)."""
+  attributes, items, cells = columns
+  kinds = ['item' if type(p[1]) is dict else 'cell' if type(p[1]).__name__ == 'cell' else 'attribute'
+           for p in parts]
+  cells += [p for p, kind in zip(parts, kinds) if kind == 'cell']
+  for into, kind in ((attributes, 'attribute'), (items, 'item')):
+    chosen = [p for p, k in zip(parts, kinds) if k == kind]
+    for i, column in enumerate(into):
+      column += [p[i + 1] for p in chosen]
+  return columns
+
+
+def _unchanged(attributes, items):
+  """Whether every attribute and item of the columns still is its value, as _part reads them
+  (C loops: the check runs after every test); False where reading one fails."""
+  try:
+    return not (_ANY(_MAP(_IS_NOT, _MAP(_GETATTR, attributes[0], attributes[1]), attributes[2]))
+                or _ANY(_MAP(_IS_NOT, _MAP(_DICT_GET, items[0], items[1], _REPEAT(_EMPTY)),
+                             items[2])))
+  except Exception:  # noqa: BLE001 - a part that does not read: the exact check says which.
+    return False
 
 
 def _hide_current_test():
@@ -228,7 +260,7 @@ class Reporter:
   """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
   # No instance dict: nothing can shadow a method on the instance.
   __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
-               '_config', '_early', '_seals', '_parts')
+               '_config', '_early', '_seals', '_parts', '_columns')
 
   def __init__(self, fd, tree, test_dirs, coverage=None):
     self._fd = fd
@@ -243,6 +275,7 @@ class Reporter:
     self._early = []  # Problems found once: at a plugin's registration, after collection.
     self._seals = []  # The record functions of sealed asserts, found when collection ends.
     self._parts = []  # (label, object, attribute, value): what changes a function in place.
+    self._columns = ([], [], []), ([], [], []), []  # _parts as _unchanged compares them.
 
   def emit(self, kind, **fields):
     line = _DUMPS({'kind': kind, 'seq': self._seq, **fields}, sort_keys=True) + '\n'
@@ -252,6 +285,7 @@ class Reporter:
   def watch(self, namespaces, parts=()):
     self._watched += _snapshot(namespaces)
     self._parts += parts
+    _columns(parts, self._columns)
 
   def problems(self, nodeids):
     """What changed since it was recorded that only tampering explains; of the tests, only
@@ -259,7 +293,10 @@ class Reporter:
     out = self._early + [f'patched at run time: {owner}.{name}'
                          for owner, name, space, value in self._watched
                          if space.get(name) is not value]
-    out += [f'changed in place: {label} {attr}' for label, obj, attr, value in self._parts
+    attributes, items, cells = self._columns
+    # Each part read one by one only where the columns show a change: then every part is named.
+    parts = cells if _unchanged(attributes, items) else self._parts
+    out += [f'changed in place: {label} {attr}' for label, obj, attr, value in parts
             if _part(obj, attr) is not value]
     if type(self) is not _REPORTER:
       out.append(f'reporter changed: class {type(self).__name__}')
