@@ -3,24 +3,34 @@
 Everything outside the listed binds is invisible. The command runs as an unprivileged uid
 (RLIMIT_NPROC does not apply to root) under rlimits, with stdout and stderr read through a pipe
 (only head and tail kept), a wall-clock limit that kills the whole process tree, and a seccomp
-filter that denies the kernel keyrings (the one store a uid's runs share).
+filter that denies the kernel keyrings (the one store a uid's runs share). A Python command can
+instead be forked into its sandbox from a zygote that imported its modules once (Zygote; the
+zygote is this module run as a script, at its end).
 """
 import contextlib
+import ctypes
 import dataclasses
 import errno
 import functools
+import gc
+import importlib
 import json
 import os
 from pathlib import Path
 import platform
+import resource
+import runpy
 import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import traceback
+import types
 from typing import Callable, Mapping, Sequence
 
 BWRAP, PRLIMIT, SETPRIV = 'bwrap', 'prlimit', 'setpriv'
@@ -244,39 +254,60 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
   With isolate=False the same command runs as a plain subprocess under the same rlimits and
   wall clock, for comparison (it sees the whole machine).
   """
-  env = dict(env or {})
-  uid = uid_for() if uid is None else uid
-  if zygote is not None:
-    if not isolate or stdin:
-      raise ValueError('runs of a zygote are sandboxed and read no input')
-    return _forked(zygote, zygote.request(argv, env), cwd=os.fspath(cwd),
-                   ro=[os.fspath(p) for p in ro], rw=[os.fspath(p) for p in rw], env=env,
-                   limits=limits, uid=uid, pass_fds=pass_fds, hide=[os.fspath(p) for p in hide],
-                   watch=watch, watch_s=watch_s, stop=stop)
-  seccomp = None
-  if isolate:
-    seccomp = _seccomp_fd()
-    prefix = _bwrap_argv([os.fspath(p) for p in ro], [os.fspath(p) for p in rw],
-                         os.fspath(cwd), env, limits, uid, [os.fspath(p) for p in hide],
-                         seccomp)
-    for p in rw:
-      _chown_tree(os.fspath(p), uid)
-    popen_env = {}
-  else:
-    prefix, popen_env = [], env
+  spec = _Spec(os.fspath(cwd), [os.fspath(p) for p in ro], [os.fspath(p) for p in rw],
+               [os.fspath(p) for p in hide], dict(env or {}), limits,
+               uid_for() if uid is None else uid, tuple(pass_fds), watch, watch_s, stop)
+  if zygote is None:
+    return _exec(spec, argv, stdin, isolate)
+  if not isolate or stdin:
+    raise ValueError('runs of a zygote are sandboxed and read no input')
+  return _forked(spec, zygote, zygote.request(argv, spec.env))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+  """What run() was asked for (paths as strings)."""
+  cwd: str
+  ro: list[str]
+  rw: list[str]
+  hide: list[str]
+  env: dict[str, str]
+  limits: Limits
+  uid: int
+  pass_fds: tuple[int, ...]
+  watch: Callable[[], bool] | None
+  watch_s: float
+  stop: threading.Event | None
+
+  def bwrap(self, seccomp_fd: int, info_fd: int | None = None) -> list[str]:
+    """bwrap's command line up to the command; the writable binds handed to the uid."""
+    for p in self.rw:
+      _chown_tree(p, self.uid)
+    return _bwrap_argv(self.ro, self.rw, self.cwd, self.env, self.limits, self.uid, self.hide,
+                       seccomp_fd, info_fd)
+
+  def wait(self, ended: threading.Event, start: float, kill: Callable[[], None]) -> bool:
+    """_wait under this run's wall clock, watch and stop."""
+    return _wait(ended, start + self.limits.wall_s, self.watch, self.watch_s, self.stop, kill)
+
+
+def _exec(spec: _Spec, argv: Sequence[str], stdin: bytes, isolate: bool) -> Completed:
+  """run() of a command exec'd in its sandbox (or, isolate=False, as a plain subprocess)."""
+  seccomp = _seccomp_fd() if isolate else None
+  prefix, popen_env = (spec.bwrap(seccomp), {}) if isolate else ([], spec.env)
   start = time.perf_counter()
   # A pipe, not a file: the command can neither truncate nor rewrite what it already wrote.
   try:
-    proc = subprocess.Popen([*prefix, *_rlimit_argv(limits), *argv], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd,
+    proc = subprocess.Popen([*prefix, *_rlimit_argv(spec.limits), *argv], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=spec.cwd,
                             env=popen_env, start_new_session=True,
-                            pass_fds=tuple(pass_fds) + ((seccomp,) if isolate else ()))
+                            pass_fds=spec.pass_fds + ((seccomp,) if isolate else ()))
   except OSError as e:  # Nothing ran (a missing tool, no processes left): the harness's fault.
     return Completed(-1, False, time.perf_counter() - start, '', f'could not start: {e}')
   finally:
     if seccomp is not None:
       os.close(seccomp)
-  output = _Tail(limits.output_kb << 10)
+  output = _Tail(spec.limits.output_kb << 10)
   reader = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
   reader.start()
   try:
@@ -286,7 +317,7 @@ def run(argv: Sequence[str], *, cwd: str | os.PathLike, ro: Sequence[str | os.Pa
     pass  # The command exited without reading its input; its exit status says why.
   ended = threading.Event()
   threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
-  timed_out = _wait(ended, start + limits.wall_s, watch, watch_s, stop, lambda: _kill(proc))
+  timed_out = spec.wait(ended, start, lambda: _kill(proc))
   reader.join()
   proc.stdout.close()
   text = output.text()
@@ -330,7 +361,7 @@ def _wait(ended: threading.Event, deadline: float, watch: Callable[[], bool] | N
 
 
 # --- Runs forked from a zygote ------------------------------------------------------------------
-ZYGOTE = Path(__file__).with_name('zygote.py')
+ZYGOTE = Path(__file__)  # Run as a script: the zygote's side is at the end of this module.
 # What a forked run's sandbox runs while the run is in it: it prints once the sandbox is set up,
 # and ends (ending the sandbox) when the harness closes its input after the run.
 _PLACEHOLDER = ('/bin/sh', '-c', 'echo ready && exec cat >/dev/null')
@@ -340,7 +371,7 @@ class Zygote:
   """An interpreter that has imported `preload` once and forks sandboxed runs of itself.
 
   A run of `python -I -B` costs its start-up and imports each time (pytest's: about 90 ms, most
-  of a short test run). A zygote (research/tasks/zygote.py, outside any sandbox) pays them once;
+  of a short test run). A zygote (this module as a script, outside any sandbox) pays them once;
   for each run the harness sets up a bubblewrap sandbox exactly as for an exec'd command, with a
   placeholder command, and the zygote forks a process that joins the sandbox's namespaces and
   root, takes the run's rlimits, uid, seccomp filter and session as bwrap, setpriv and prlimit
@@ -401,54 +432,58 @@ def zygote_for(python: str, env: Mapping[str, str], preload: Sequence[str] = ())
     return _ZYGOTES[key]
 
 
-def _forked(zygote: Zygote, request: dict, *, cwd: str, ro: list[str], rw: list[str],
-            env: dict, limits: Limits, uid: int, pass_fds: Sequence[int], hide: list[str],
-            watch: Callable[[], bool] | None, watch_s: float,
-            stop: threading.Event | None) -> Completed:
-  """run() of a zygote's command: the sandbox set up by bwrap around a placeholder, the command
-  forked into it by the zygote."""
+def _placeholder(spec: _Spec) -> tuple[subprocess.Popen, int] | Completed:
+  """bwrap started around the placeholder and waited on until it has set the sandbox up:
+  (bwrap, the host pid of the sandbox's pid 1), or how bwrap failed (nothing ran)."""
   seccomp = _seccomp_fd()
   info_read, info_write = os.pipe()
-  prefix = _bwrap_argv(ro, rw, cwd, env, limits, uid, hide, seccomp, info_write)
-  for p in rw:
-    _chown_tree(p, uid)
   start = time.perf_counter()
-  elapsed = lambda: time.perf_counter() - start
   try:
-    proc = subprocess.Popen([*prefix, *_rlimit_argv(limits), *_PLACEHOLDER],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=cwd, env={}, start_new_session=True,
-                            pass_fds=(seccomp, info_write))
+    proc = subprocess.Popen([*spec.bwrap(seccomp, info_write), *_rlimit_argv(spec.limits),
+                             *_PLACEHOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=spec.cwd, env={},
+                            start_new_session=True, pass_fds=(seccomp, info_write))
   except OSError as e:
     os.close(info_read)
-    return Completed(-1, False, elapsed(), '', f'could not start: {e}')
+    return Completed(-1, False, time.perf_counter() - start, '', f'could not start: {e}')
   finally:
     os.close(seccomp)
     os.close(info_write)
-  with proc, os.fdopen(info_read, 'rb') as info:
+  with os.fdopen(info_read, 'rb') as info:
     first = proc.stdout.readline()
-    if first != b'ready\n':  # bwrap failed: nothing ran.
-      proc.stdin.close()
-      text = (first + proc.stdout.read()).decode('utf-8', 'replace')
-      proc.wait()
-      return Completed(proc.returncode, False, elapsed(), text,
-                       text.strip() or f'bwrap ended with {proc.returncode} before its command')
-    # bwrap writes it in pieces as the sandbox starts, then closes it.
-    ns_pid = json.loads(info.read())['child-pid']
+    if first == b'ready\n':
+      return proc, json.loads(info.read())['child-pid']  # bwrap writes it in pieces, then closes it.
+  with proc:
+    proc.stdin.close()
+    text = (first + proc.stdout.read()).decode('utf-8', 'replace')
+  return Completed(proc.returncode, False, time.perf_counter() - start, text,
+                   text.strip() or f'bwrap ended with {proc.returncode} before its command')
+
+
+def _forked(spec: _Spec, zygote: Zygote, request: dict) -> Completed:
+  """run() of a zygote's command: the sandbox set up by bwrap around a placeholder, the command
+  forked into it by the zygote."""
+  start = time.perf_counter()
+  started = _placeholder(spec)
+  if isinstance(started, Completed):
+    return started
+  proc, ns_pid = started
+  with proc:
     out_read, out_write = os.pipe()
     status, remote = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-      zygote.send({**request, 'ns_pid': ns_pid, 'cwd': cwd, 'uid': uid, 'fds': list(pass_fds),
-                   'seccomp': seccomp_program().hex(), 'rlimits': [r[1:] for r in _rlimits(limits)]},
-                  [remote.fileno(), out_write, *pass_fds])
+      zygote.send({**request, 'ns_pid': ns_pid, 'cwd': spec.cwd, 'uid': spec.uid,
+                   'fds': list(spec.pass_fds), 'seccomp': seccomp_program().hex(),
+                   'rlimits': [r[1:] for r in _rlimits(spec.limits)]},
+                  [remote.fileno(), out_write, *spec.pass_fds])
     except OSError as e:
       _kill(proc)
       os.close(out_read)
-      return Completed(-1, False, elapsed(), '', f'zygote failed: {e}')
+      return Completed(-1, False, time.perf_counter() - start, '', f'zygote failed: {e}')
     finally:
       remote.close()
       os.close(out_write)
-    output = _Tail(limits.output_kb << 10)
+    output = _Tail(spec.limits.output_kb << 10)
     with status, os.fdopen(out_read, 'rb') as out:
       reader = threading.Thread(target=output.drain, args=(out,), daemon=True)
       reader.start()
@@ -456,17 +491,17 @@ def _forked(zygote: Zygote, request: dict, *, cwd: str, ro: list[str], rw: list[
       threading.Thread(target=lambda: (report.append(status.recv(1 << 16)), ended.set()),
                        daemon=True).start()
       # Killing bwrap ends the run with its namespace: the keeper reports that end.
-      timed_out = _wait(ended, start + limits.wall_s, watch, watch_s, stop, lambda: _kill(proc))
+      timed_out = spec.wait(ended, start, lambda: _kill(proc))
       proc.stdin.close()  # The placeholder ends, and bwrap's init takes what the run left.
       proc.wait()
       reader.join()
-    result = json.loads(report[0] or b'{"error": "the keeper ended without a report"}')
-    text = output.text()
-    if 'error' in result:
-      return Completed(-1, timed_out, elapsed(), text, f'zygote failed: {result["error"]}')
-    code = os.waitstatus_to_exitcode(result['status'])
-    # As bwrap reports its command's end: 128 + the signal that killed it.
-    return Completed(128 - code if code < 0 else code, timed_out, elapsed(), text)
+  result = json.loads(report[0] or b'{"error": "the keeper ended without a report"}')
+  wall_s, text = time.perf_counter() - start, output.text()
+  if 'error' in result:
+    return Completed(-1, timed_out, wall_s, text, f'zygote failed: {result["error"]}')
+  code = os.waitstatus_to_exitcode(result['status'])
+  # As bwrap reports its command's end: 128 + the signal that killed it.
+  return Completed(128 - code if code < 0 else code, timed_out, wall_s, text)
 
 
 def _chown_tree(root: str, uid: int) -> None:
@@ -474,3 +509,206 @@ def _chown_tree(root: str, uid: int) -> None:
   for dirpath, dirnames, filenames in os.walk(root):
     for name in dirnames + filenames:
       os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+
+
+# --- The zygote: this module run as a script by a task's interpreter ----------------------------
+# `python -I -B sandbox.py SOCKET_FD MODULE...`, outside any sandbox, in the environment its runs
+# get (the module imports only the standard library, so any interpreter of the task runs it).
+# It holds nothing but its imports (with _pytest.config, pytest's builtin plugins too): no task,
+# no answer. Per request (a JSON message and its descriptors on the socket: Zygote.send) it forks
+# a keeper, which joins every namespace of a bubblewrap sandbox that is already set up (its pid
+# 1's: mount, pid, network, IPC, UTS, cgroup), and forks the run inside it. The run takes the
+# sandbox's root and the request's directory, descriptors and rlimits, drops to the request's uid
+# with no groups and no capability in any set, sets no_new_privs, loads the seccomp filter,
+# checks all of that in /proc/self/status, and only then runs the request's script or code as
+# `__main__`. The keeper reports the run's wait status (or why it could not start it) on the
+# request's own socket.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+# A run's code can replace os._exit: its ends go through the one taken here.
+_EXIT = os._exit
+_NAMESPACES = ('cgroup', 'ipc', 'uts', 'net', 'pid', 'mnt')  # mnt last: it changes the root.
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _PR_CAPBSET_DROP = 1, 38, 22, 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, _SECCOMP_MODE_FILTER = 47, 4, 2
+# What the run's /proc/self/status must say before any of the request's code runs.
+_CAP_FIELDS = ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb')
+
+
+class _Filter(ctypes.Structure):
+  _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
+
+
+class _CapHeader(ctypes.Structure):
+  _fields_ = [('version', ctypes.c_uint32), ('pid', ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+  _fields_ = [('effective', ctypes.c_uint32), ('permitted', ctypes.c_uint32),
+              ('inheritable', ctypes.c_uint32)]
+
+
+def _checked(result: int, what: str) -> None:
+  if result != 0:
+    errno = ctypes.get_errno()
+    raise OSError(errno, f'{what}: {os.strerror(errno)}')
+
+
+def _join_sandbox(pid: int) -> None:
+  """Joins the namespaces of `pid` (the sandbox's pid 1) and takes its root."""
+  fds = [os.open(f'/proc/{pid}/ns/{ns}', os.O_RDONLY) for ns in _NAMESPACES]
+  root = os.open(f'/proc/{pid}/root', os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    for ns, fd in zip(_NAMESPACES, fds):
+      _checked(_LIBC.setns(fd, 0), f'setns {ns}')
+    os.fchdir(root)
+    os.chroot('.')
+  finally:
+    for fd in [*fds, root]:
+      os.close(fd)
+  # The sandbox's /proc is its pid namespace's: its pid 1 must have the root just taken.
+  if os.stat('/') != os.stat('/proc/1/root/'):
+    raise OSError('the joined root is not the sandbox\'s')
+
+
+def _drop_privileges(uid: int, seccomp: bytes) -> None:
+  """Becomes `uid` with no groups, no capability in any set, no_new_privs and `seccomp`."""
+  os.setgroups([])
+  os.setresgid(uid, uid, uid)
+  with open('/proc/sys/kernel/cap_last_cap') as f:
+    last = int(f.read())
+  for cap in range(last + 1):
+    _checked(_LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f'drop capability {cap}')
+  _checked(_LIBC.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), 'clear ambient')
+  os.setresuid(uid, uid, uid)  # Clears the permitted and effective sets (no keep-caps).
+  data = (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3: two words, all zero.
+  _checked(_LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), 'capset')
+  _checked(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 'no_new_privs')
+  program = ctypes.create_string_buffer(seccomp, len(seccomp))
+  prog = _Filter(len(seccomp) // 8, ctypes.cast(program, ctypes.c_void_p))
+  _checked(_LIBC.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), 'seccomp')
+  with open('/proc/self/status') as f:
+    status = dict(line.rstrip('\n').split(':\t', 1) for line in f if ':\t' in line)
+  ids = f'{uid}\t{uid}\t{uid}\t{uid}'
+  wrong = [k for k in _CAP_FIELDS if int(status[k], 16)] + [
+      k for k, want in (('Uid', ids), ('Gid', ids), ('Groups', ''), ('NoNewPrivs', '1'),
+                        ('Seccomp', '2')) if status[k].strip() != want.strip()]
+  if wrong:
+    raise OSError(f'privileges not dropped: {wrong}')
+
+
+def _run_forked(request: dict, fds: list[int], report: int) -> None:
+  """The run (a child of the keeper, inside the sandbox): never returns."""
+  try:
+    _checked(_LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), 'pdeathsig')
+    os.chdir(request['cwd'])
+    # Every descriptor moved above the numbers it goes to, then put there: no dup2 overwrites
+    # one still to be placed. `report` stays above them until the set-up is done.
+    targets = [1, *request['fds']]
+    base = max([2, report, *fds, *targets]) + 1
+    moved = [os.dup2(fd, base + i) for i, fd in enumerate([*fds, report])]
+    report = moved.pop()
+    os.dup2(os.open('/dev/null', os.O_RDONLY), 0)
+    os.dup2(moved[0], 2)
+    for fd, target in zip(moved, targets):
+      os.dup2(fd, target)  # dup2 leaves the copy inheritable.
+    keep = {0, 1, 2, report, *targets}
+    for fd in map(int, os.listdir('/proc/self/fd')):
+      if fd not in keep:
+        try:
+          os.close(fd)
+        except OSError:
+          pass  # listdir's own descriptor, closed already.
+    for name, soft, hard in request['rlimits']:
+      resource.setrlimit(getattr(resource, name), (soft, hard))
+    _drop_privileges(request['uid'], bytes.fromhex(request['seccomp']))
+  except BaseException:  # noqa: BLE001 - nothing of the request ran: the keeper reports it.
+    os.write(report, json.dumps({'error': traceback.format_exc(limit=3)[-600:]}).encode())
+    _EXIT(1)
+  os.close(report)
+  code = 1
+  try:
+    os.environ.clear()
+    os.environ.update(request['env'], PWD=request['cwd'])  # bwrap's --chdir sets PWD.
+    sys.argv = [request['script'] or '-c', *request['args']]
+    if request['script']:
+      runpy.run_path(request['script'], run_name='__main__')
+    else:
+      main = types.ModuleType('__main__')
+      sys.modules['__main__'] = main
+      exec(compile(request['code'], '<string>', 'exec'), vars(main))
+    code = 0
+  except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else 0 if e.code is None else (
+        print(e.code, file=sys.stderr) or 1)
+  except BaseException:  # noqa: BLE001 - as an interpreter does: the traceback, status 1.
+    traceback.print_exc()
+  finally:
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except Exception:  # noqa: BLE001 - a closed or broken stream: the run is over anyway.
+        pass
+    _EXIT(code & 0xFF)
+
+
+def _keep_run(request: dict, fds: list[int]) -> None:
+  """The keeper (a child of the zygote): joins the sandbox, forks the run, reports its end."""
+  status_fd = fds.pop(0)
+  try:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _checked(_LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), 'pdeathsig')
+    _join_sandbox(request['ns_pid'])
+    os.setsid()  # A session of its own that the run is in and does not lead, as under bwrap.
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+      try:
+        os.close(read_end)
+        os.close(status_fd)
+        _run_forked(request, fds, write_end)
+      finally:
+        _EXIT(1)  # Never back into the keeper's code.
+    os.close(write_end)
+    for fd in fds:
+      os.close(fd)
+    with os.fdopen(read_end, 'rb') as f:
+      error = f.read()  # Empty once the run closed it, i.e. is past its set-up.
+    _, status = os.waitpid(pid, 0)
+    result = json.loads(error) if error else {'status': status}
+  except BaseException:  # noqa: BLE001 - reported: the harness fault of a run that never ran.
+    result = {'error': traceback.format_exc(limit=3)[-600:]}
+  try:
+    os.write(status_fd, json.dumps(result).encode())
+  finally:
+    _EXIT(0)
+
+
+def zygote_main() -> None:
+  sock = socket.socket(fileno=int(sys.argv[1]))
+  for module in sys.argv[2:]:
+    importlib.import_module(module)
+  config = sys.modules.get('_pytest.config')
+  if config is not None:  # pytest imports its builtin plugins at every start: here, once.
+    for name in (*config.essential_plugins, *config.default_plugins):
+      importlib.import_module(f'_pytest.{name}')
+  # What the preloads made is never freed: out of the collector's sight, a run's collections
+  # (pytest forces some at its end) walk only what the run made, and forked pages stay shared.
+  gc.freeze()
+  # No death signal here (it follows the thread that started the zygote): the zygote ends when
+  # the harness's end of the socket closes, i.e. with the harness.
+  signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # Keepers are reaped by the kernel.
+  sock.send(b'ready')
+  while True:
+    message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 64)
+    if not message:
+      return  # The harness closed the socket.
+    if os.fork() == 0:
+      sock.close()
+      _keep_run(json.loads(message), fds)
+    for fd in fds:
+      os.close(fd)
+
+
+
+
+if __name__ == '__main__':
+  zygote_main()
