@@ -365,6 +365,8 @@ ZYGOTE = Path(__file__)  # Run as a script: the zygote's side is at the end of t
 # What a forked run's sandbox runs while the run is in it: it prints once the sandbox is set up,
 # and ends (ending the sandbox) when the harness closes its input after the run.
 _PLACEHOLDER = ('/bin/sh', '-c', 'echo ready && exec cat >/dev/null')
+# How long a zygote may take to import its modules before runs are the harness's faults.
+_ZYGOTE_START_S = 120.0
 
 
 class Zygote:
@@ -406,10 +408,17 @@ class Zygote:
           [self.python, '-I', '-B', str(ZYGOTE), str(theirs.fileno()), *self.preload],
           env=self.env, cwd='/', stdin=subprocess.DEVNULL, stdout=log, stderr=log,
           pass_fds=(theirs.fileno(),), start_new_session=True)
-    if mine.recv(16) != b'ready':
+    mine.settimeout(_ZYGOTE_START_S)
+    try:
+      ready = mine.recv(16)
+    except TimeoutError:
+      ready = b''
+    if ready != b'ready':
+      proc.kill()
       proc.wait()
       log.seek(0)
       raise OSError(f'the zygote of {self.python} did not start: {log.read()[-500:]!r}')
+    mine.settimeout(None)
     self._proc, self._sock = proc, mine
 
   def send(self, request: dict, fds: Sequence[int]) -> None:

@@ -267,6 +267,10 @@ def test_a_forked_run_that_cannot_be_set_up_is_the_harness_s_fault(tmp_path):
   done = sandbox.run([PY, '-I', '-B', '-c', 'print("ran")'], cwd=tmp_path / 'missing', ro=ROOTS,
                      env=ENV, zygote=ZYGOTE)
   assert done.sandbox_error and 'ran' not in done.output
+  broken = sandbox.Zygote(PY, ENV, ('no_such_module_here',))  # Its start fails: no run ever ran.
+  done = sandbox.run([PY, '-I', '-B', '-c', 'print("ran")'], cwd='/', ro=ROOTS, env=ENV,
+                     zygote=broken)
+  assert 'did not start' in done.sandbox_error and 'no_such_module_here' in done.sandbox_error
 
 
 def test_a_zygote_runs_only_its_interpreter_in_its_environment():
