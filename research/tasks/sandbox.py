@@ -697,7 +697,7 @@ def zygote_main() -> None:
     importlib.import_module(module)
   config = sys.modules.get('_pytest.config')
   if config is not None:  # pytest imports its builtin plugins at every start: here, once.
-    for name in (*config.essential_plugins, *config.default_plugins):
+    for name in (*getattr(config, 'essential_plugins', ()), *config.default_plugins):
       importlib.import_module(f'_pytest.{name}')
   # What the preloads made is never freed: out of the collector's sight, a run's collections
   # (pytest forces some at its end) walk only what the run made, and forked pages stay shared.
