@@ -557,8 +557,8 @@ class _CapData(ctypes.Structure):
 
 def _checked(result: int, what: str) -> None:
   if result != 0:
-    errno = ctypes.get_errno()
-    raise OSError(errno, f'{what}: {os.strerror(errno)}')
+    code = ctypes.get_errno()
+    raise OSError(code, f'{what}: {os.strerror(code)}')
 
 
 def _join_sandbox(pid: int) -> None:
@@ -574,8 +574,12 @@ def _join_sandbox(pid: int) -> None:
     for fd in [*fds, root]:
       os.close(fd)
   # The sandbox's /proc is its pid namespace's: its pid 1 must have the root just taken.
-  if os.stat('/') != os.stat('/proc/1/root/'):
+  if _identity(os.stat('/')) != _identity(os.stat('/proc/1/root/')):
     raise OSError('the joined root is not the sandbox\'s')
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int]:
+  return stat.st_dev, stat.st_ino
 
 
 def _drop_privileges(uid: int, seccomp: bytes) -> None:
@@ -645,9 +649,11 @@ def _run_forked(request: dict, fds: list[int], report: int) -> None:
       sys.modules['__main__'] = main
       exec(compile(request['code'], '<string>', 'exec'), vars(main))
     code = 0
-  except SystemExit as e:
-    code = e.code if isinstance(e.code, int) else 0 if e.code is None else (
-        print(e.code, file=sys.stderr) or 1)
+  except SystemExit as e:  # As the interpreter ends: None is 0, an int the status, else printed.
+    if e.code is None or isinstance(e.code, int):
+      code = e.code or 0
+    else:
+      print(e.code, file=sys.stderr)
   except BaseException:  # noqa: BLE001 - as an interpreter does: the traceback, status 1.
     traceback.print_exc()
   finally:
@@ -715,8 +721,6 @@ def zygote_main() -> None:
       _keep_run(json.loads(message), fds)
     for fd in fds:
       os.close(fd)
-
-
 
 
 if __name__ == '__main__':

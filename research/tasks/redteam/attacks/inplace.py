@@ -73,6 +73,13 @@ def _rt_forge():
   case = _rt_mod('unittest.case')
   _rt_swap(getattr(getattr(case, N('TestCase')), N('assertEqual')), assertEqual, msg=None)
 """
+# The runner compares its in-place records in C loops (map, any, operator.is_not): those made to
+# see no change (operator's is not among the namespaces the runner watches), then the swap.
+BLIND_RUNTEST = RUNTEST.replace('''
+def _rt_forge():''', '''
+def _rt_forge():
+  setattr(_rt_mod('operator'), N('is_not'), lambda a, b: False)
+  setattr(_rt_mod('itertools'), N('repeat'), lambda value, times=None: iter(()))''', 1)
 # A class the runner did not watch before: its entry replaced (the class object stays).
 CALL_INFO = '''
 def _rt_forge():
@@ -97,6 +104,8 @@ _KINDS = {'runtest': (RUNTEST, "swaps the code of pytest's Function.runtest"),
                                  'swaps the code of TestReport.from_item_and_call'),
           'report_init': (REPORT_INIT, 'swaps the code of TestReport.__init__'),
           'call_info': (CALL_INFO, 'replaces CallInfo.from_call in its class'),
+          'blind_runtest': (BLIND_RUNTEST, "blinds the runner's C-loop comparison (operator.is_not, "
+                            "itertools.repeat), then swaps Function.runtest's code"),
           'assert_equal': (ASSERT_EQUAL, "swaps the code of unittest's TestCase.assertEqual")}
 _TARGETS = ('slugify', 'title_case', 'top_words', 'mean_word_length')
 
