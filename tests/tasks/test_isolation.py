@@ -66,7 +66,7 @@ def _sealed(tree, answer):
   """The test file sealed by hand: its first assert's literal is a token, its answer `answer`."""
   path = tree / 'tests' / 'test_pkg.py'
   path.write_text(path.read_text().replace("== 'HELLO!'\n", '== TOKEN\n', 1))
-  return seal.Sealing(expect={'t': seal.Expectation(_SHOUT, 0, answer, False)})
+  return seal.Sealing(expect={'t': seal.Expectation(_SHOUT, 0, answer)})
 
 
 def test_a_test_whose_answer_another_test_holds_runs_alone(tmp_path):

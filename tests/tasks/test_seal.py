@@ -35,7 +35,7 @@ def _recorded(value) -> str:
 
 
 def _met(value, literal) -> bool:
-  return seal.Expectation('f', 0, literal, False).met(_recorded(value))
+  return seal.Expectation('f', 0, literal).met(_recorded(value))
 
 
 class _Color(enum.IntEnum):
@@ -126,10 +126,62 @@ def test_claims_of_equality_are_not_believed():
 
 def test_identity_expectations_want_the_singleton():
   record = _recorded(True)
-  assert seal.Expectation('f', 0, True, True).met(record)
-  assert not seal.Expectation('f', 0, True, True).met(_recorded(1))
-  assert not seal.Expectation('f', 0, None, True).met(_recorded(0))
+  assert seal.Expectation('f', 0, True, 'is').met(record)
+  assert not seal.Expectation('f', 0, True, 'is').met(_recorded(1))
+  assert not seal.Expectation('f', 0, None, 'is').met(_recorded(0))
 
+
+
+_OPERATORS = {'==': lambda a, b: a == b, '<': lambda a, b: a < b, '<=': lambda a, b: a <= b,
+              '>': lambda a, b: a > b, '>=': lambda a, b: a >= b, 'in': lambda a, b: a in b,
+              'truth': lambda a, _: bool(a)}
+
+
+@pytest.mark.parametrize('value, op, literal', [
+    (3, '<', 4), (4, '<', 4), (4, '<=', 4), (5, '>', 4.5), ('b', '>=', 'a'), ([1, 2], '<', [1, 3]),
+    (2, 'in', (1, 2)), (3, 'in', [1, 2]), ('bc', 'in', 'abc'), ('k', 'in', {'k': 1}),
+    ((1, 2), 'in', {(1, 2)}), ([1], 'in', {1}), ('a', '<', 1), (numpy.int64(3), '>', 2),
+    (0, 'truth', None), ([], 'truth', None), ([0], 'truth', None), ('x', 'truth', None),
+    (None, 'truth', None), (_ClaimsList(), 'truth', None), (math.nan, 'truth', None),
+    (_Point(0, 0), 'truth', None), (frozenset(), 'truth', None)])
+@pytest.mark.parametrize('holds', [True, False])
+def test_a_record_meets_any_operator_as_python_applies_it_to_the_builtin(value, op, literal,
+                                                                          holds):
+  plain = seal.decode(_recorded(value))
+  try:
+    want = bool(_OPERATORS[op](plain, literal)) is holds
+  except TypeError:  # The assert raises in the test: it fails either way.
+    want = False
+  assert seal.Expectation('f', 0, literal, op, holds).met(_recorded(value)) == want
+
+
+def test_what_no_builtin_holds_meets_only_is_not():
+  # An opaque record is none of the singletons; its truth, order or membership is unknown.
+  opaque = _recorded(_Anything())
+  assert seal.Expectation('f', 0, None, 'is', holds=False).met(opaque)
+  assert not seal.Expectation('f', 0, None, 'is').met(opaque)
+  for op, literal in (('truth', None), ('==', 1), ('<', 1), ('in', [1])):
+    for holds in (True, False):
+      assert not seal.Expectation('f', 0, literal, op, holds).met(opaque)
+
+
+@pytest.mark.parametrize('text, value', [
+    ('sorted([3, 1, 2])', [1, 2, 3]), ("list('EFG')", ['E', 'F', 'G']), ('[0] * 3', [0, 0, 0]),
+    ("', '.join(['a', 'b'])", 'a, b'), ('list(range(2, 5))', [2, 3, 4]), ('-(2 ** 3)', -8),
+    ("dict(a=1, b=[2])", {'a': 1, 'b': [2]}), ('tuple(zip([1, 2], "ab"))', ((1, 'a'), (2, 'b'))),
+    ("'A-b'.lower().split('-')", ['a', 'b']), ('[1, 2, 3][::-1]', [3, 2, 1]),
+    ('set([1, 1, 2]) | {3}', {1, 2, 3}), ('list(reversed((1, 2)))', [2, 1]), ('1 / 4', 0.25),
+    ("sorted({'b': 1, 'a': 2}.keys())", None), ('reversed([1])', None), ('range(3)', None),
+    ('x', None), ('f(1)', None), ('[x for x in "ab"]', None), ("'%9999999d' % 1", None),
+    ("'a' * 10 ** 9", None), ('[0] * 10 ** 9', None), ('list(range(10 ** 9))', None),
+    ('10 ** 10 ** 6', None), ('bytes(10 ** 9)', None), ("'-'.join(['ab' * 5000] * 5000)", None),
+    ('1 << 10 ** 9', None), ("sorted([1, 'a'])", None), ('1 / 0', None)])
+def test_expected_sides_of_literals_and_pure_builtins_fold_within_limits(text, value):
+  folded = seal._fold(ast.parse(text, mode='eval').body)
+  if value is None:
+    assert folded is seal._UNFOLDED
+  else:
+    assert folded == value and type(folded) is type(value)
 
 def test_values_over_the_budget_or_too_deep_are_opaque():
   deep = []
@@ -256,14 +308,16 @@ def _run(tree: Path, scratch: Path) -> grading.TestRun:
                             limits=sandbox.Limits(cpu_s=30, wall_s=60), scratch=scratch)
 
 
-def test_candidates_are_the_literal_comparisons(tmp_path):
+def test_candidates_are_the_comparisons_with_literals_and_the_truth_of_other_asserts(tmp_path):
   # Not in `with` blocks or `try` bodies (test_guarded): there the exception may be the point.
+  # Nor `a == b` of two computed sides (test_named's second, the unittest one's last).
   root = _tree(tmp_path)
   assert seal.candidates(root, _REQUIRED) == {
-      'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0],
-      'tests/test_mod.py::test_named': [0], 'tests/test_mod.py::test_quoted': [0, 1],
-      'tests/test_mod.py::test_wrapped': [0], 'tests/test_mod.py::test_docs': [0], _UNIT: [1, 2],
-      'tests/test_mod.py::test_cases': [0]}  # `n` is read by that assert alone.
+      'tests/test_mod.py::test_words': [0, 1, 2], 'tests/test_mod.py::test_flag': [0, 1],
+      'tests/test_mod.py::test_named': [0, 2], 'tests/test_mod.py::test_quoted': [0, 1],
+      'tests/test_mod.py::test_wrapped': [0], 'tests/test_mod.py::test_docs': [0],
+      _UNIT: [0, 1, 2],
+      'tests/test_mod.py::test_cases': [0, 1]}  # `n` is read by the first assert alone.
 
 
 def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path):
@@ -275,7 +329,8 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   assert '== 2' not in _function_text(tree, 'test_words')
   assert '== 2' in _function_text(tree, 'test_guarded')  # Not sealed: it may want a failure.
   assert ', 3' not in text and 'words: 3' not in text and ', True)' not in text
-  assert 'is not None' in text and '> 0' in text  # Not sealable: left as they were.
+  assert 'is not None' not in text and '> 0' not in text and "!= single" not in text
+  assert "== [single]" in text  # Two computed sides: not sealed.
   assert '== n' not in text and "('a', 1)" not in text  # A parametrize argument's values go.
   # A name bound to a literal that only sealed asserts read loses the literal too.
   assert "joined = None" in text and "'a-b'" not in text and "single = 'x'" in text
@@ -284,16 +339,19 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   assert 'at the end' not in text and 'gives' not in text
   assert '#' not in _function_text(tree, 'test_quoted')
   assert 'word: 1' not in text  # An assert in parentheses over lines, a comment inside.
-  assert len(sealing.expect) == 11 + 2  # One per case of test_cases' assert.
+  assert len(sealing.expect) == 15 + 2  # One per case of test_cases' first assert.
   run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
   assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
   assert set(run.outcomes) == {seal.function_of(n) for n in _REQUIRED if '[' not in n} | {
       n for n in _REQUIRED if '[' in n} | {'tests/test_mod.py::test_blank'}
   sealed = seal.verified(run.seals, sealing, _REQUIRED)
-  assert sealed == [f'{_UNIT}@1', f'{_UNIT}@2', 'tests/test_mod.py::test_cases[a b-2]@0',
-                    'tests/test_mod.py::test_cases[a-1]@0', 'tests/test_mod.py::test_docs@0',
-                    'tests/test_mod.py::test_flag@0',
-                    'tests/test_mod.py::test_named@0', 'tests/test_mod.py::test_quoted@0',
+  assert sealed == [f'{_UNIT}@0', f'{_UNIT}@1', f'{_UNIT}@2',
+                    'tests/test_mod.py::test_cases[a b-2]@0', 'tests/test_mod.py::test_cases[a b-2]@1',
+                    'tests/test_mod.py::test_cases[a-1]@0', 'tests/test_mod.py::test_cases[a-1]@1',
+                    'tests/test_mod.py::test_docs@0',
+                    'tests/test_mod.py::test_flag@0', 'tests/test_mod.py::test_flag@1',
+                    'tests/test_mod.py::test_named@0', 'tests/test_mod.py::test_named@2',
+                    'tests/test_mod.py::test_quoted@0',
                     'tests/test_mod.py::test_quoted@1', 'tests/test_mod.py::test_words@0',
                     'tests/test_mod.py::test_words@1', 'tests/test_mod.py::test_words@2',
                     'tests/test_mod.py::test_wrapped@0']
@@ -311,7 +369,7 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
 
 
 def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():
-  sealing = seal.Sealing({'t1': seal.Expectation('f.py::test_a', 0, 3, False)})
+  sealing = seal.Sealing({'t1': seal.Expectation('f.py::test_a', 0, 3)})
   assert seal.judge({}, sealing, ['f.py::test_a@0']) == (
       {'f.py::test_a': 'sealed assert 0 recorded nothing'}, [])
   good = [['t1', json.dumps(['i', '3'])]]
@@ -385,6 +443,64 @@ def test_a_twin_changed_inside_a_sealed_assert_fails_in_the_harness_only(tmp_pat
       planted[0].nodeid: 'sealed assert 0 unequal to its literal'}
 
 
+
+def test_an_assert_and_its_negated_twin_are_sealed_alike(tmp_path):
+  # assertTrue's twin is assertFalse: sealed, both record the same call, and only the harness
+  # knows which is to hold.
+  tree = _tree(tmp_path / 'tree')
+  planted = twins.plant_twins(tree, [twins.Site(_UNIT, 0)], random.Random(0))
+  assert [t.kind for t in planted] == ['negated']
+  sealing = seal.seal_asserts(tree, {_UNIT: [0, 1, 2]}, planted, random.Random(0))
+  assert sealing.sealed_twins == {planted[0].nodeid}
+  module = ast.parse((tree / 'tests' / 'test_mod.py').read_text())
+  first = [ast.unparse(testsource.locate(module, n).func.body[0]) for n in (_UNIT, planted[0].nodeid)]
+  tokens = [e for e in sealing.expect.items() if e[1].ordinal == 0]
+  assert len(tokens) == 2 and 'assertFalse' not in ''.join(first)
+  assert first[0].replace(tokens[0][0], '') == first[1].replace(tokens[1][0], '') or (
+      first[0].replace(tokens[1][0], '') == first[1].replace(tokens[0][0], ''))
+  assert {e.holds for _, e in tokens} == {True, False}
+  run = _run(tree, tmp_path / 'run')
+  assert run.outcomes[planted[0].nodeid] == 'passed'  # In pytest...
+  assert seal.judge(run.seals, sealing, [])[0] == {
+      planted[0].nodeid: 'sealed assert 0 not met (not truth)'}  # ...not here.
+
+
+def test_a_reader_of_the_calling_assert_cannot_tell_what_a_polarity_seal_wants(tmp_path):
+  # empty() reads the line that called it and answers what that assert wants: False after a
+  # `not`, True otherwise. Sealed, no line says.
+  tests = textwrap.dedent('''\
+      from pkg import mod
+
+
+      def test_empty():
+        assert mod.empty('')
+        assert not mod.empty('x')
+        assert mod.empty('y') is False
+      ''')
+  forger = textwrap.dedent('''\
+      import linecache
+      import sys
+
+
+      def empty(text):
+        caller = sys._getframe(1)
+        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+        return not ('not ' in line or 'False' in line)
+      ''')
+  nodeid = 'tests/test_mod.py::test_empty'
+  for module, want in ((_MOD, {}), (forger, {nodeid: 'sealed assert 1 not met (not truth)'})):
+    tree = _tree(tmp_path / str(len(want)), module)
+    (tree / 'tests' / 'test_mod.py').write_text(tests)
+    assert seal.candidates(tree, [nodeid]) == {nodeid: [0, 1, 2]}
+    sealing = seal.seal_asserts(tree, {nodeid: [0, 1, 2]}, [], random.Random(0))
+    assert 'not' not in _function_text(tree, 'test_empty')
+    run = _run(tree, tmp_path / f'run{len(want)}')
+    assert run.outcomes[nodeid] == 'passed'
+    assert seal.judge(run.seals, sealing, [f'{nodeid}@{k}' for k in range(3)]) == (want, [])
+  unsealed = _tree(tmp_path / 'unsealed', forger)
+  (unsealed / 'tests' / 'test_mod.py').write_text(tests)
+  assert _run(unsealed, tmp_path / 'run_unsealed').outcomes[nodeid] == 'passed'  # Rewarded.
+
 def test_checked_tests_are_sealed_too(tmp_path):
   # Grading's value checks rewrite `a == b` and `self.assertEqual(a, b)` first (twins.py).
   tree = _tree(tmp_path / 'tree')
@@ -397,6 +513,8 @@ def test_checked_tests_are_sealed_too(tmp_path):
   sealing = seal.seal_asserts(tree, functions, [], random.Random(0))
   text = _function_text(tree, 'test_words') + _function_text(tree, 'test_count')
   assert "['a', 'b']" not in text and ', 3' not in text and '[]' not in text
+  # The checked `self.assertEqual(a, b)` of two computed sides keeps its check.
+  assert "lambda first, second" in text
   run = _run(tree, tmp_path / 'run')
   assert all(o == 'passed' for o in run.outcomes.values()), run.output[-2000:]
   required = [f'{n}@{k}' for n, ks in functions.items() for k in ks]
@@ -407,7 +525,7 @@ def test_checked_tests_are_sealed_too(tmp_path):
 def test_a_record_that_does_not_match_the_task_is_an_error(tmp_path):
   tree = _tree(tmp_path / 'tree')
   with pytest.raises(seal.SealError, match='no sealable comparison'):
-    seal.seal_asserts(tree, {'tests/test_mod.py::test_flag': [1]}, [], random.Random(0))
+    seal.seal_asserts(tree, {'tests/test_mod.py::test_named': [1]}, [], random.Random(0))
   with pytest.raises(seal.SealError, match='has no assert 5'):
     seal.seal_asserts(tree, {'tests/test_mod.py::test_flag': [5]}, [], random.Random(0))
 
@@ -569,7 +687,6 @@ def test_an_argument_read_elsewhere_is_not_sealed(tmp_path):
   path.write_text(_CASE_TESTS + '\n\ndef test_count():\n  assert len(PAIRS) == 3\n')
   assert seal.candidates(tree, _CASES) == {}
 
-
 def test_no_list_keeps_an_answer_beside_its_input(tmp_path):
   # test_pair reads both arguments as they are: its own list would pair every singular with its
   # plural, so neither test_plural's nor test_singular's argument seals are kept.
@@ -583,8 +700,11 @@ def test_no_list_keeps_an_answer_beside_its_input(tmp_path):
       '''))
   required = _CASES + [f'tests/test_mod.py::test_pair[{a}-{b}]' for a, b in _PAIRS]
   functions = seal.candidates(tree, required)
-  assert set(functions) == {'tests/test_mod.py::test_plural', 'tests/test_mod.py::test_singular'}
+  assert set(functions) == {'tests/test_mod.py::test_plural', 'tests/test_mod.py::test_singular',
+                            'tests/test_mod.py::test_pair'}  # Its assert's truth only.
   sealing = seal.seal_asserts(tree, functions, [], random.Random(0))
   run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
   assert all(o == 'passed' for o in run.outcomes.values()) and len(run.outcomes) == 14
-  assert seal.verified(run.seals, sealing, required) == []
+  # Only the truth of the test that reads both arguments as input is kept.
+  assert seal.verified(run.seals, sealing, required) == sorted(
+      f'tests/test_mod.py::test_pair[{a}-{b}]@0' for a, b in _PAIRS)

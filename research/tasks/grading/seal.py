@@ -12,12 +12,16 @@ test whose records do not all equal their literals or whose sealed asserts recor
 literal is nowhere in the sandbox, so no reading, guessing between pairs or patching helps: a
 forger must compute the value.
 
-Sealable: `assert a == <literal>` (either side), `assert a is None/True/False`,
-`self.assertEqual(a, <literal>)`, `self.assertIs(a, <singleton>)` (as `self.assertTrue(...)`), the
-literal written there or bound once to a local (a local that only sealed asserts read is bound to
-None instead); and `assert a == <argument>` (either side, or str methods of it with literal
-arguments: `plural.capitalize()`) where a parametrize argument's every use in the test is such an
-assert. Then each case's value of it is replaced by a token, and the assert records under its own
+Sealable (_form): a comparison of a computed value with a literal under any operator (`assert a
+== <literal>`, either side, `!=`, `<`, `in <literal>`, `is None/True/False`, `is not None`,
+`self.assertEqual(a, <literal>)`, `assertIsNone`, `assertNotIn(a, <literal>)`, ... as
+`self.assertTrue(...)`), the literal written there, folded from pure builtins (`sorted([3, 1])`)
+or bound once to a local (a local that only sealed asserts read is bound to None instead); the
+truth of any other assert but `a == b`/`a != b` of two computed sides (a polarity seal: `assert
+x`, `assert not x`, `1 in cache`, `assertFalse(x)` record the value whose truth decides, and only
+the harness knows whether it is to hold); and `assert a == <argument>` (either side, or str
+methods of it with literal arguments: `plural.capitalize()`) where a parametrize argument's every
+use in the test is such an assert. Then each case's value of it is replaced by a token, and the assert records under its own
 token joined to the case's. Every test parametrized over the same list gets a list of its own, its
 cases named by ids of no meaning (the harness maps them back) and, but in the first, shuffled
 (lists of one constant do not line up), the arguments it does not read set to None, and the
@@ -26,7 +30,7 @@ would, the factory keeps no seal of that argument: _unpaired). A sealed assert l
 and its computed side is unparsed; a sealed module loses its comments and the docstrings of the
 module, the sealed tests and their classes: any may quote the literal. The factory seals every
 such assert of the required tests in its twin-verification run, except in `with` blocks and `try`
-bodies, and keeps per test those that recorded and were equal to their literal (`Task.sealed`,
+bodies, and keeps per test those that recorded and met their expectation (`Task.sealed`,
 '<node id>@<ordinal>', the ordinal counting the test function's asserts and unittest assertions
 in source order).
 
@@ -43,6 +47,7 @@ import dataclasses
 import fractions
 import io
 import json
+import operator
 from pathlib import Path
 import random
 import re
@@ -55,6 +60,7 @@ from research.tasks.grading import sandboxed
 from research.tasks.grading import testsource
 from research.tasks.grading import twins
 from research.tasks.grading.sandboxed import record
+from research.tasks.grading.sandboxed import value_check
 
 class _Opaque:
   """What a record decodes to when no exact builtin represented the value: equal to no literal."""
@@ -135,11 +141,17 @@ class SealError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Expectation:
-  """What the harness compares one token's records with."""
+  """What the harness compares one token's records with: `<record> <op> <value>` is to hold (or,
+  with `holds` False, not to)."""
   function: str  # Node id of the test function (no parametrize id).
   ordinal: int  # Among the function's asserts and unittest assertions (_points).
-  value: object  # The literal.
-  identity: bool  # `is` (a singleton) rather than `==`.
+  value: object  # The literal (its value: a folded expression's too); None for 'truth'.
+  # '==', '<', '<=', '>', '>=', 'in' (the record in the literal), 'is' (a singleton), or 'truth'
+  # (the record's own truth value: a polarity seal).
+  op: str = '=='
+  # False for a negation (`!=`, `not in`, `is not`, `not x`, assertFalse, assertNotIn, ...): an
+  # assert and its negated twin are sealed alike.
+  holds: bool = True
   # For a sealed parametrize argument: the node id of the case whose value this is (as the task
   # names it, not the id grading gave it); None where the literal is in the assert.
   case: str | None = None
@@ -151,12 +163,31 @@ class Expectation:
   def met(self, text: str) -> bool:
     try:
       got = decode(text)
-      if got is OPAQUE:
-        return False
-      return got is self.value if self.identity else bool(got == self.value)
+      if got is OPAQUE:  # No exact builtin: none of the singletons, and nothing more is known.
+        return self.op == 'is' and not self.holds
+      return bool(_APPLY[self.op](got, self.value)) is self.holds
     except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError,
             ZeroDivisionError):
       return False
+
+  def unmet(self) -> str:
+    """Why a record that does not meet it fails its test."""
+    if self.op == '==' and self.holds:
+      return 'unequal to its literal'
+    return f'not met ({"" if self.holds else "not "}{self.op})'
+
+
+# The operators a sealed assert may apply, as the harness applies them to a decoded record.
+_APPLY = {'==': operator.eq, '<': operator.lt, '<=': operator.le, '>': operator.gt,
+          '>=': operator.ge, 'in': lambda got, value: got in value, 'is': operator.is_,
+          'truth': lambda got, _: bool(got)}
+
+
+_OPS = {ast.Eq: '==', ast.NotEq: '!=', ast.Lt: '<', ast.LtE: '<=', ast.Gt: '>', ast.GtE: '>=',
+        ast.In: 'in', ast.NotIn: 'not in', ast.Is: 'is', ast.IsNot: 'is not'}
+_NEGATIVE = {'!=': '==', 'not in': 'in', 'is not': 'is'}  # Each the negation of its positive.
+# `<literal> OP x` is `x _MIRRORED[OP] <literal>` (`in` has none: its container is computed).
+_MIRRORED = {'==': '==', '<': '>', '<=': '>=', '>': '<', '>=': '<=', 'is': 'is'}
 
 
 def function_of(nodeid: str) -> str:
@@ -181,54 +212,201 @@ def _checked_unittest(node: ast.AST) -> bool:
           and [a.arg for a in node.func.args.args] == ['first', 'second'])
 
 
-def _singleton(node: ast.expr) -> bool:
-  return isinstance(node, ast.Constant) and any(node.value is v for v in (None, True, False))
+@dataclasses.dataclass(frozen=True)
+class _Form:
+  """How one assert is sealed: the expression its run records, and what the harness wants of it."""
+  recorded: ast.expr
+  op: str  # Expectation.op.
+  holds: bool  # Expectation.holds.
+  value: object = None  # Expectation.value.
+  literal: ast.expr | None = None  # The expected side as written (or the literal a local holds).
+  name: ast.Name | None = None  # The local the literal was read through.
 
 
-def _sides(node: ast.AST, checked: bool, func: ast.AST
-           ) -> tuple[ast.expr, ast.expr, bool, ast.Name | None] | None:
-  """(computed side, literal, identity, the name it was read through) of a sealable comparison;
-  the literal may be one a local name is bound to once, in `func`.
+def _form(node: ast.AST, func: ast.AST, checks: frozenset[str] = frozenset()) -> _Form | None:
+  """How an assert or unittest assertion of `func` is sealed; None where it is not.
 
-  `checked`: also the forms grading's value checks made of an `a == b` (twins.py): a call of the
-  checks whose first two arguments are the sides, and the lambda called on `self.assertEqual`'s.
+  A comparison with a literal (either side, any operator; `in` with the literal as container)
+  records its computed side, and the literal leaves the module. Any other assert records its
+  truth (a polarity seal: `assert x`, `assert not x`, `a in b`, `a is b`, `a < b`, assertTrue,
+  assertIsInstance, ...): what it computes stays, whether it is to hold leaves. Not sealed: an
+  assert of a constant, and `a == b`/`a != b` of two computed sides (a record of the pair would
+  put `b` where code in the process reads records, and a forger that rewrites them would need only
+  the polarity; a parametrize argument may seal them: _columns; the value checks check them). Negations are the positive form expected not to hold, so
+  that an assert and its negated twin look alike. `checks`: the names of grading's value checks in
+  the module (twins.py made `a == b` a call of one, `self.assertEqual(a, b)` a lambda calling one).
   """
-  pair, op = None, None
   if isinstance(node, ast.Assert):
-    test = node.test
+    test, holds = node.test, True
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+      test, holds = test.operand, not holds
+    if (isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id in checks
+        and len(test.args) >= 2):
+      return _compare_form(test.args[0], '==', test.args[1], holds, func)
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
-      pair, op = (test.left, test.comparators[0]), test.ops[0]
-    elif (checked and isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
-          and len(test.args) == 5 and not test.keywords
-          and all(isinstance(a, ast.Constant) for a in test.args[2:])):
-      pair, op = (test.args[0], test.args[1]), ast.Eq()
-  elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(
-      isinstance(a, ast.Starred) for a in node.args[:2]):
-    if testsource.unittest_assert(node) and node.func.attr in ('assertEqual', 'assertIs'):
-      pair, op = (node.args[0], node.args[1]), (
-          ast.Eq() if node.func.attr == 'assertEqual' else ast.Is())
-    elif checked and _checked_unittest(node):
-      pair, op = (node.args[0], node.args[1]), ast.Eq()
-  if pair is None:
+      return _compare_form(test.left, _OPS[type(test.ops[0])], test.comparators[0], holds, func)
+    return None if isinstance(test, ast.Constant) else _Form(test, 'truth', holds)
+  if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args):
     return None
+  args = node.args
+  if _checked_unittest(node):
+    return _compare_form(args[0], '==', args[1], True, func) if len(args) >= 2 else None
+  if not testsource.unittest_assert(node):
+    return None
+  attr = node.func.attr
+  holds = 'Not' not in attr and attr != 'assertFalse'
+  positive = attr.replace('Not', '').replace('False', 'True')
+  if len(args) >= 1 and positive == 'assertTrue':
+    return _Form(args[0], 'truth', holds)
+  if len(args) >= 1 and positive == 'assertIsNone':
+    return _Form(args[0], 'is', holds, None)
+  if len(args) < 2:
+    return None
+  if positive == 'assertIsInstance':
+    return _Form(ast.Call(ast.Name('isinstance', ast.Load()), args[:2], []), 'truth', holds)
+  op = {'assertEqual': '==', 'assertIs': 'is', 'assertIn': 'in'}[positive]
+  return _compare_form(args[0], op, args[1], holds, func)
 
-  def literal_of(side):
-    if isinstance(side, ast.Name):
-      bound = testsource.bound_once(func, side.id)
-      return (bound, side) if bound is not None else (None, None)
-    return (side, None) if layout.is_literal(side) else (None, None)
 
-  for computed, side in (pair, pair[::-1]):
-    if literal_of(computed)[0] is not None:
+def _compare_form(left: ast.expr, op: str, right: ast.expr, holds: bool, func: ast.AST
+                  ) -> _Form | None:
+  if op in _NEGATIVE:
+    op, holds = _NEGATIVE[op], not holds
+  found = _literal_form(left, op, right, holds, func)
+  if found is not None or op == '==' or all(_expected(s, func) for s in (left, right)):
+    return found
+  return _Form(ast.Compare(left, [_AST_OPS[op]()], [right]), 'truth', holds)
+
+
+_AST_OPS = {v: k for k, v in _OPS.items()}
+
+
+def _literal_form(left: ast.expr, op: str, right: ast.expr, holds: bool, func: ast.AST
+                  ) -> _Form | None:
+  """The form of `left <op> right` where exactly one side is a literal (or folds to a value, or is
+  a local bound once to a literal); None where none is, or where the literal is `in`'s member or
+  `is` compares with no singleton."""
+  for computed, side, mirrored in ((left, right, False), (right, left, True)):
+    found = _expected(side, func)
+    if found is None or _expected(computed, func) is not None:
       continue
-    literal, name = literal_of(side)
-    if literal is None:
-      continue
-    if isinstance(op, ast.Is) and _singleton(literal):
-      return computed, literal, True, name
-    if isinstance(op, ast.Eq):
-      return computed, literal, False, name
+    if mirrored and op not in _MIRRORED:
+      return None  # A literal member of a computed container: a polarity seal.
+    value, literal, name = found
+    if op == 'is' and not (isinstance(literal, ast.Constant)
+                           and any(value is v for v in (None, True, False))):
+      return None
+    return _Form(computed, _MIRRORED[op] if mirrored else op, holds, value, literal, name)
   return None
+
+
+def _expected(side: ast.expr, func: ast.AST) -> tuple[object, ast.expr, ast.Name | None] | None:
+  """(value, literal, the local read) of a side that is a literal, an expression of literals that
+  folds (_fold), or a local bound once to a literal."""
+  name = None
+  if isinstance(side, ast.Name):
+    bound = testsource.bound_once(func, side.id)
+    if bound is None:
+      return None
+    side, name = bound, side
+  value = _fold(side)
+  return None if value is _UNFOLDED else (value, side, name)
+
+
+_UNFOLDED = object()
+# Builtins an expected side may call on folded values: pure, and bounded by _bounded.
+_FOLDABLE = {f.__name__: f for f in (
+    abs, bool, bytes, chr, dict, enumerate, float, frozenset, int, len, list, max, min, ord,
+    range, reversed, round, set, sorted, str, sum, tuple, zip)}
+# Methods of str and bytes likewise: none makes a value longer than its inputs.
+_FOLDABLE_METHODS = frozenset({'capitalize', 'casefold', 'endswith', 'join', 'lower', 'lstrip',
+                               'rsplit', 'rstrip', 'split', 'splitlines', 'startswith', 'strip',
+                               'swapcase', 'title', 'upper'})
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+           ast.Pow: operator.pow, ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
+           ast.BitXor: operator.xor}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert,
+          ast.Not: operator.not_}
+_FOLD_LIMIT = 10_000  # Items or characters of any value folding makes; digits of a number.
+_EXACT = (type(None), bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
+
+
+def _fold(node: ast.expr) -> object:
+  """The value of an expected side built of literals, operators, subscripts and the builtins and
+  str methods above (`sorted([3, 1])`, `list('EFG')`, `[0] * 3`, `', '.join(['a', 'b'])`), as
+  exact builtins; _UNFOLDED for anything else. Evaluated here, by the harness: the test's own
+  module may rebind a builtin, so the factory keeps such a seal only where the original's record
+  met the folded value."""
+  try:
+    value = _evaluate(node)
+  except Exception:  # pylint: disable=broad-except
+    return _UNFOLDED
+  return value if _exact(value) else _UNFOLDED
+
+
+def _exact(value) -> bool:
+  if type(value) in (list, tuple, set, frozenset):  # pylint: disable=unidiomatic-typecheck
+    return all(map(_exact, value))
+  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+    return all(map(_exact, value)) and all(map(_exact, value.values()))
+  return type(value) in _EXACT
+
+
+def _evaluate(node: ast.expr):
+  if layout.is_literal(node):
+    return _bounded(ast.literal_eval(node))
+  if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+    items = [_evaluate(e) for e in node.elts]
+    return _bounded({ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items))
+  if isinstance(node, ast.Dict) and None not in node.keys:
+    return _bounded({_evaluate(k): _evaluate(v) for k, v in zip(node.keys, node.values)})
+  if isinstance(node, ast.UnaryOp):
+    return _bounded(_UNARY[type(node.op)](_evaluate(node.operand)))
+  if isinstance(node, ast.BinOp):
+    a, b = _evaluate(node.left), _evaluate(node.right)
+    if isinstance(node.op, ast.Mod) and isinstance(a, (str, bytes)):
+      raise ValueError('%-formatting: its width is unbounded')
+    if isinstance(node.op, ast.Mult):
+      for seq, n in ((a, b), (b, a)):
+        if hasattr(seq, '__len__') and isinstance(n, int) and len(seq) * n > _FOLD_LIMIT:
+          raise OverflowError('repeated past the limit')
+    if isinstance(node.op, ast.Pow) and isinstance(b, int) and abs(b) > 1 and (
+        abs(b) * max(1, int(abs(a)).bit_length()) > 4 * _FOLD_LIMIT):
+      raise OverflowError('a power past the limit')
+    return _bounded(_BINARY[type(node.op)](a, b))
+  if isinstance(node, ast.Subscript):
+    index = node.slice
+    key = (slice(*(None if p is None else _evaluate(p)
+                   for p in (index.lower, index.upper, index.step)))
+           if isinstance(index, ast.Slice) else _evaluate(index))
+    return _bounded(_evaluate(node.value)[key])
+  if isinstance(node, ast.Call) and not any(
+      isinstance(a, ast.Starred) for a in node.args) and all(k.arg for k in node.keywords):
+    args = [_evaluate(a) for a in node.args]
+    kwargs = {k.arg: _evaluate(k.value) for k in node.keywords}
+    if isinstance(node.func, ast.Name) and node.func.id in _FOLDABLE:
+      function = _FOLDABLE[node.func.id]
+      if function in (bytes, str) and args and isinstance(args[0], int) and not isinstance(
+          args[0], bool):
+        _bounded(range(args[0]))  # bytes(n) makes n bytes.
+      return _bounded(function(*args, **kwargs))
+    if isinstance(node.func, ast.Attribute) and node.func.attr in _FOLDABLE_METHODS:
+      receiver = _evaluate(node.func.value)
+      if type(receiver) in (str, bytes):  # pylint: disable=unidiomatic-typecheck
+        if node.func.attr == 'join':
+          _bounded(receiver * len(args[0]) + type(receiver)().join(args[0]))
+        return _bounded(getattr(receiver, node.func.attr)(*args, **kwargs))
+  raise ValueError(f'not foldable: {type(node).__name__}')
+
+
+def _bounded(value):
+  """`value`, or OverflowError where it holds more than _FOLD_LIMIT items, characters or digits."""
+  if isinstance(value, int) and value.bit_length() > 4 * _FOLD_LIMIT:
+    raise OverflowError('a number past the limit')
+  if hasattr(value, '__len__') and len(value) > _FOLD_LIMIT:
+    raise OverflowError('a value past the limit')
+  return value
 
 
 # Methods of str an expected side may call on a parametrize argument, with literal arguments:
@@ -362,8 +540,8 @@ def _case_ordinals(tables: dict[str, _Table], key: str, ordinals: list[int]) -> 
 
 
 def candidates(tree: Path, tests: list[str], cases: bool = True) -> dict[str, list[int]]:
-  """The sealable asserts of each required test's function (pristine tree), by ordinal; with
-  `cases`, also those that compare with a parametrize argument (_columns)."""
+  """The sealable asserts of each required test's function (pristine tree), by ordinal (_form);
+  with `cases`, also those that compare with a parametrize argument (_columns)."""
   out, modules, tables = {}, {}, {}
   for nodeid in tests:
     key = function_of(nodeid)
@@ -384,7 +562,7 @@ def candidates(tree: Path, tests: list[str], cases: bool = True) -> dict[str, li
     guarded = _guarded(func)
     points = _points(func)
     free = [i for i, node in enumerate(points) if id(node) not in guarded]
-    ordinals = [i for i in free if _sides(points[i], False, func)]
+    ordinals = [i for i in free if _form(points[i], func)]
     if cases:
       if rel not in tables:
         tables[rel] = _tables(modules[rel], rel)
@@ -462,12 +640,14 @@ def _seal_file(tree: Path, rel: str, keys: dict[str, tuple[str, twins.Twin | Non
   edits = []
   documented = [mod.tree]  # Whose docstrings go: the module, each sealed test and its class.
   tables = _tables(mod.tree, rel)
+  checks = frozenset(f.name for f in mod.tree.body if isinstance(f, ast.FunctionDef) and any(
+      isinstance(n, ast.Constant) and n.value == value_check.MARK for n in ast.walk(f)))
   columns_sealed = {}  # Function -> argument -> (ordinal, token, str methods) of its asserts.
   for key, (source, twin) in keys.items():
     located = testsource.locate(mod.tree, key)
     documented += [located.func, located.owner]
     edits += _seal_function(mod, key, located.func, source, twin, functions[source], name,
-                            tables, sealing, columns_sealed)
+                            checks, tables, sealing, columns_sealed)
   rewritten = _rewritten(tables, columns_sealed)
   for i, table in enumerate(rewritten):
     # The first list of a constant keeps the order its tests may rely on; the others are
@@ -496,7 +676,7 @@ def _seal_file(tree: Path, rel: str, keys: dict[str, tuple[str, twins.Twin | Non
 
 def _seal_function(mod: testsource.Module, key: str, func: ast.AST, source: str,
                    twin: twins.Twin | None, ordinals: list[int], name: str,
-                   tables: dict[str, _Table], sealing: Sealing,
+                   checks: frozenset[str], tables: dict[str, _Table], sealing: Sealing,
                    columns_sealed: dict) -> list[testsource.Edit]:
   """The edits sealing asserts `ordinals` of one test function (or of a twin of `source`):
   each through a call of `name` with a fresh token; those that compare with a parametrize
@@ -511,24 +691,25 @@ def _seal_function(mod: testsource.Module, key: str, func: ast.AST, source: str,
     if ordinal >= len(points):
       raise SealError(f'{key} has no assert {ordinal}')
     node = points[ordinal]
-    sides = _sides(node, True, func)
-    if sides is None and twin is None and key in tables:
+    form = _form(node, func, checks)
+    if form is None and twin is None and key in tables:
       by_argument.append(ordinal)
       continue
-    if sides is None:
+    if form is None and twin is not None:
+      continue  # The twin's change left no sealable form (a literal that no longer folds).
+    if form is None:
       raise SealError(f'assert {ordinal} of {key} is no sealable comparison: '
                       f'{mod.src.segment(node)[:80]}')
-    computed, literal, identity, name_read = sides
     token = secrets.token_hex(6)
-    sealing.expect[token] = Expectation(key, ordinal, ast.literal_eval(literal), identity)
+    sealing.expect[token] = Expectation(key, ordinal, form.value, form.op, form.holds)
     # Unparsed: a comment inside the side may quote the literal. Without its message, which may
     # quote the literal. From `assert`: the test may open a parenthesis.
-    call = f'{name}({ast.unparse(computed)}, {token!r})'
+    call = f'{name}({ast.unparse(form.recorded)}, {token!r})'
     edits.append((*mod.src.span(node),
                   f'assert {call}' if isinstance(node, ast.Assert) else f'self.assertTrue({call})'))
-    if name_read is not None:
-      names.append((name_read, literal))
-    replaced.append((node, computed))
+    if form.name is not None:
+      names.append((form.name, form.literal))
+    replaced.append((node, form.recorded))
     if (twin is not None and twin.kind != 'value'
         and ast.dump(node) != ast.dump(originals[ordinal])):
       # The twin's change is in this assert: it fails in the harness, not in pytest.
@@ -600,7 +781,7 @@ def _rewrite(mod: testsource.Module, table: _Table, sealed: dict[str, list[tuple
       literal = vals[cases.argnames.index(p)]
       for ordinal, token, methods in asserts:
         sealing.expect[token + tokens[p]] = Expectation(
-            table.key, ordinal, _expected_value(literal, methods), False, nodeid)
+            table.key, ordinal, _expected_value(literal, methods), case=nodeid)
     twin = twin_of.get(nodeid)
     changed = twin and _case_sides(testsource.mutation_points(func)[twin.site.point], cases.argnames)
     if changed and changed[2] in sealed:
@@ -734,7 +915,7 @@ def judge(records: dict[str, list[list[str]]], sealing: Sealing, required: list[
     for token, text in _known(recs, sealing):
       exp = sealing.expect[token]
       if not exp.met(text):
-        failed.setdefault(nodeid, f'sealed assert {exp.ordinal} unequal to its literal')
+        failed.setdefault(nodeid, f'sealed assert {exp.ordinal} {exp.unmet()}')
   recorded = {(n, sealing.expect[t].ordinal) for n, recs in records.items()
               for t, _ in _known(recs, sealing) if sealing.expect[t].of(n)}
   for nodeid, ordinal in map(_entry, required):
