@@ -708,3 +708,26 @@ def test_no_list_keeps_an_answer_beside_its_input(tmp_path):
   # Only the truth of the test that reads both arguments as input is kept.
   assert seal.verified(run.seals, sealing, required) == sorted(
       f'tests/test_mod.py::test_pair[{a}-{b}]@0' for a, b in _PAIRS)
+
+
+@pytest.mark.parametrize('line, recorded, op, holds, value', [
+    ("assert len('abc') == 3", "len('abc')", '==', True, 3),  # As tasks made before folding.
+    ("assert mod.f(x) != list('ab')", 'mod.f(x)', '==', False, ['a', 'b']),
+    ('assert 0 < mod.f(x)', 'mod.f(x)', '>', True, 0),
+    ('assert mod.f(x) not in (1, 2)', 'mod.f(x)', 'in', False, (1, 2)),
+    ('assert 1 not in cache', '1 in cache', 'truth', False, None),
+    ('assert not not mod.f(x)', 'mod.f(x)', 'truth', True, None),
+    ('self.assertIsNotNone(mod.f(x))', 'mod.f(x)', 'is', False, None),
+    ('self.assertNotIsInstance(mod.f(x), int)', 'isinstance(mod.f(x), int)', 'truth', False, None),
+    ('assert a is not b', 'a is b', 'truth', False, None),
+    ('assert 1 == 1', None, None, None, None), ("assert 'a' in 'abc'", None, None, None, None),
+    ('assert mod.f(x) == mod.g(x)', None, None, None, None), ('assert True', None, None, None, None)])
+def test_each_assert_has_one_form_and_negations_are_their_positive_not_held(
+    line, recorded, op, holds, value):
+  func = ast.parse(f'def test(self):\n  {line}\n').body[0]
+  form = seal._form(func.body[0] if line.startswith('assert') else func.body[0].value, func)
+  if recorded is None:
+    assert form is None
+  else:
+    assert (ast.unparse(form.recorded), form.op, form.holds, form.value) == (
+        recorded, op, holds, value)

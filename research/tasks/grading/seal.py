@@ -288,7 +288,7 @@ def _literal_form(left: ast.expr, op: str, right: ast.expr, holds: bool, func: a
   `is` compares with no singleton."""
   for computed, side, mirrored in ((left, right, False), (right, left, True)):
     found = _expected(side, func)
-    if found is None or _expected(computed, func) is not None:
+    if found is None or _plain(computed, func):
       continue
     if mirrored and op not in _MIRRORED:
       return None  # A literal member of a computed container: a polarity seal.
@@ -298,6 +298,13 @@ def _literal_form(left: ast.expr, op: str, right: ast.expr, holds: bool, func: a
       return None
     return _Form(computed, _MIRRORED[op] if mirrored else op, holds, value, literal, name)
   return None
+
+
+def _plain(side: ast.expr, func: ast.AST) -> bool:
+  """A literal as written, or a local bound once to one: never the computed side (a side that
+  only folds may be: `len('abc') == 3` records `len('abc')`, as tasks made before folding do)."""
+  return layout.is_literal(side) or (isinstance(side, ast.Name)
+                                     and testsource.bound_once(func, side.id) is not None)
 
 
 def _expected(side: ast.expr, func: ast.AST) -> tuple[object, ast.expr, ast.Name | None] | None:
