@@ -185,6 +185,7 @@ _APPLY = {'==': operator.eq, '<': operator.lt, '<=': operator.le, '>': operator.
 
 _OPS = {ast.Eq: '==', ast.NotEq: '!=', ast.Lt: '<', ast.LtE: '<=', ast.Gt: '>', ast.GtE: '>=',
         ast.In: 'in', ast.NotIn: 'not in', ast.Is: 'is', ast.IsNot: 'is not'}
+_AST_OPS = {v: k for k, v in _OPS.items()}
 _NEGATIVE = {'!=': '==', 'not in': 'in', 'is not': 'is'}  # Each the negation of its positive.
 # `<literal> OP x` is `x _MIRRORED[OP] <literal>` (`in` has none: its container is computed).
 _MIRRORED = {'==': '==', '<': '>', '<=': '>=', '>': '<', '>=': '<=', 'is': 'is'}
@@ -229,12 +230,13 @@ def _form(node: ast.AST, func: ast.AST, checks: frozenset[str] = frozenset()) ->
   A comparison with a literal (either side, any operator; `in` with the literal as container)
   records its computed side, and the literal leaves the module. Any other assert records its
   truth (a polarity seal: `assert x`, `assert not x`, `a in b`, `a is b`, `a < b`, assertTrue,
-  assertIsInstance, ...): what it computes stays, whether it is to hold leaves. Not sealed: an
-  assert of a constant, and `a == b`/`a != b` of two computed sides (a record of the pair would
-  put `b` where code in the process reads records, and a forger that rewrites them would need only
-  the polarity; a parametrize argument may seal them: _columns; the value checks check them). Negations are the positive form expected not to hold, so
-  that an assert and its negated twin look alike. `checks`: the names of grading's value checks in
-  the module (twins.py made `a == b` a call of one, `self.assertEqual(a, b)` a lambda calling one).
+  assertIsInstance, ...): what it computes stays, whether it is to hold leaves. Negations are the
+  positive form expected not to hold, so that an assert and its negated twin look alike. Not
+  sealed: an assert of a constant, and `a == b`/`a != b` of two computed sides (a record of the
+  pair would put `b` where code in the process reads records, and a forger that rewrites them
+  would need only the polarity; a parametrize argument may seal them, _columns; the value checks
+  check them). `checks`: the names of grading's value checks in the module (twins.py made `a == b`
+  a call of one, `self.assertEqual(a, b)` a lambda calling one).
   """
   if isinstance(node, ast.Assert):
     test, holds = node.test, True
@@ -276,9 +278,6 @@ def _compare_form(left: ast.expr, op: str, right: ast.expr, holds: bool, func: a
   if found is not None or op == '==' or all(_expected(s, func) for s in (left, right)):
     return found
   return _Form(ast.Compare(left, [_AST_OPS[op]()], [right]), 'truth', holds)
-
-
-_AST_OPS = {v: k for k, v in _OPS.items()}
 
 
 def _literal_form(left: ast.expr, op: str, right: ast.expr, holds: bool, func: ast.AST
