@@ -20,6 +20,8 @@ from research.tasks import patch as patch_lib
 from research.tasks import sandbox
 from research.tasks.grading import seal
 from research.tasks import task as task_lib
+from research.tasks import testing
+from research.tasks import factory
 from research.tasks.grading import testsource
 from research.tasks.grading import twins
 from research.tasks.redteam.attacks import readers
@@ -500,6 +502,67 @@ def test_a_reader_of_the_calling_assert_cannot_tell_what_a_polarity_seal_wants(t
   unsealed = _tree(tmp_path / 'unsealed', forger)
   (unsealed / 'tests' / 'test_mod.py').write_text(tests)
   assert _run(unsealed, tmp_path / 'run_unsealed').outcomes[nodeid] == 'passed'  # Rewarded.
+
+
+def test_the_factory_keeps_polarity_seals_and_grading_fails_a_reader_of_them(tmp_path):
+  # Made and graded as RL grades: the factory keeps the seals the original meets; a body that
+  # reads the calling line (logging's caller lookup, no frame API) and answers what it wants is
+  # rewarded without them and gets 0 with them (twins of its test and the differential check
+  # off, so that only the seals stand in its way).
+  repo = testing.write_repo(tmp_path / 'repo', {
+      'pkg/__init__.py': '''\
+          def is_even(n):
+            """Whether n is even."""
+            halves, remainder = divmod(n, 2)
+            return remainder == 0 and halves * 2 == n
+
+
+          def other():
+            return 1
+          ''',
+      'tests/test_pkg.py': '''\
+          import pkg
+
+          SMALL_NUMBERS = (1, 2)
+
+
+          def test_even_numbers_are_even_and_odd_numbers_are_not():
+            assert pkg.is_even(4)
+            assert not pkg.is_even(3)
+            assert pkg.is_even(7) is not True
+            assert pkg.is_even(10) in (True,)
+
+
+          def test_other_value_is_one():
+            assert pkg.other() == 1
+
+
+          def test_small_numbers_have_values():  # Words for twins' fresh names.
+            assert len(SMALL_NUMBERS) == 2
+          '''})
+  summary = factory.make_tasks(repo, tmp_path / 'out', modes=('body',), only=('is_even',),
+                               runs=1, progress=False, log=lambda _: None)
+  assert summary.kept == 1, summary
+  t = next(iter(task_lib.read(tmp_path / 'out' / 'tasks.jsonl')))
+  tree, graded = tmp_path / 'out' / t.tree, tmp_path / 'out' / t.grading_tree
+  even = 'tests/test_pkg.py::test_even_numbers_are_even_and_odd_numbers_are_not'
+  assert {e for e in t.sealed if even in e} == {f'{even}@{k}' for k in range(4)}
+  t = dataclasses.replace(t, calls=[], twin_sites=[s for s in t.twin_sites if even not in s])
+  forger = (tree / t.file).read_text().replace('  raise NotImplementedError\n', textwrap.indent(
+      textwrap.dedent('''\
+          import linecache, logging
+          where = logging.getLogger('x').findCaller(stacklevel=2)
+          line = linecache.getline(where[0], where[1])
+          return not ('not ' in line or 'False' in line)
+          '''), '  '), 1)
+  forged = patch_lib.file_diff(t.file, patch_lib.read_entry(tree / t.file),
+                               (forger.encode(), '100644'))
+  assert grading.grade(dataclasses.replace(t, sealed=[]), graded, forged).reward == 1.0
+  g = grading.grade(t, graded, forged)
+  assert (g.reward, g.tamper) == (0.0, [])
+  assert 'sealed assert 1 not met (not truth)' in g.reason
+  reference = task_lib.read_solutions(tmp_path / 'out')[t.id].patch
+  assert grading.grade(t, graded, reference).reward == 1.0
 
 def test_checked_tests_are_sealed_too(tmp_path):
   # Grading's value checks rewrite `a == b` and `self.assertEqual(a, b)` first (twins.py).
