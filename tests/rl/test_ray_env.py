@@ -7,6 +7,7 @@ wait; the sampler steps Ray episodes as local ones. Skipped where Ray is not ins
 from concurrent import futures
 import functools
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -38,12 +39,30 @@ def call(name, **args) -> str:
   return CHATML.render(calls.Call(name, args))
 
 
+def _started_cluster(tries: int = 3):
+  """A head and two worker nodes. Ray gives a node's raylet a fixed 30 s to register; on a
+  2-core machine whose other test process is grading that passed once (2026-12-06), so a start
+  that times out is stopped (`ray stop`: a head that failed is in no Cluster to shut down) and
+  tried again."""
+  for attempt in range(tries):
+    c = cluster_utils.Cluster()
+    try:
+      c.add_node(num_cpus=2)  # The head.
+      workers = [c.add_node(num_cpus=2) for _ in range(2)]
+      c.wait_for_nodes()
+      return c, workers
+    except Exception as e:  # pylint: disable=broad-except
+      if 'timed out during startup' not in str(e) or attempt == tries - 1:
+        raise
+      c.shutdown()
+      subprocess.run([os.path.join(os.path.dirname(sys.executable), 'ray'), 'stop', '--force'],
+                     check=False, capture_output=True)
+
+
 @pytest.fixture(scope='module')
 def cluster():
   """A head and two worker nodes, 2 CPUs each; the tests' Ray driver is connected to it."""
-  c = cluster_utils.Cluster(initialize_head=True, head_node_args={'num_cpus': 2})
-  workers = [c.add_node(num_cpus=2) for _ in range(2)]
-  c.wait_for_nodes()
+  c, workers = _started_cluster()
   ray.init(address=c.address, log_to_driver=False, configure_logging=False)
   yield c, workers
   ray.shutdown()
