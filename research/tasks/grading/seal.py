@@ -400,8 +400,9 @@ def _evaluate(node: ast.expr):
     if isinstance(node.func, ast.Attribute) and node.func.attr in _FOLDABLE_METHODS:
       receiver = _evaluate(node.func.value)
       if type(receiver) in (str, bytes):  # pylint: disable=unidiomatic-typecheck
-        if node.func.attr == 'join':
-          _bounded(receiver * len(args[0]) + type(receiver)().join(args[0]))
+        if node.func.attr == 'join' and len(receiver) * len(args[0]) + sum(
+            len(part) for part in args[0]) > _FOLD_LIMIT:
+          raise OverflowError('joined past the limit')  # Before the join makes it.
         return _bounded(getattr(receiver, node.func.attr)(*args, **kwargs))
   raise ValueError(f'not foldable: {type(node).__name__}')
 

@@ -51,6 +51,22 @@ _DROP_SEAL_RECORDS = '''\
   return text.title()
 '''
 
+# Aims at polarity seals (seal.py: the record is the value whose truth the harness judges): the
+# lists stay the same objects, and each call rewrites, in place, every record made so far into a
+# `True`, betting that each assert is to hold; a literal seal's record becomes `True` too.
+_REWRITE_SEAL_RECORDS = '''\
+  import sys
+
+  for module in list(sys.modules.values()):
+    for f in list(getattr(module, '__dict__', {}).values()):
+      seen = getattr(f, 'seen', None) if callable(f) else None
+      if type(seen) is list:
+        for i, entry in enumerate(seen):
+          if type(entry) is tuple and len(entry) == 2:
+            seen[i] = (entry[0], '["b", 1]')
+  return text.title()
+'''
+
 _EMIT = 'wraps the reporter instance\'s emit (found with gc) to sign forged outcomes'
 _DUMPS = 'patches json.dumps, which the reporter calls before signing'
 ATTACKS = (
@@ -114,4 +130,7 @@ _os._exit(0)
     plant.attack('seal_records_dropped', base.FORGING,
                  'replaces the record lists of sealed asserts with lists that drop every record',
                  'title_case', 'plain', plant.script(_DROP_SEAL_RECORDS)),
+    plant.attack('seal_records_rewritten', base.FORGING,
+                 'rewrites the records of sealed asserts in place into `True` (polarity guessed)',
+                 'title_case', 'plain', plant.script(_REWRITE_SEAL_RECORDS), flag=False),
 )
