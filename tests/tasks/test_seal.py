@@ -177,7 +177,8 @@ def test_what_no_builtin_holds_meets_only_is_not():
     ('x', None), ('f(1)', None), ('[x for x in "ab"]', None), ("'%9999999d' % 1", None),
     ("'a' * 10 ** 9", None), ('[0] * 10 ** 9', None), ('list(range(10 ** 9))', None),
     ('10 ** 10 ** 6', None), ('bytes(10 ** 9)', None), ("'-'.join(['ab' * 5000] * 5000)", None),
-    ('1 << 10 ** 9', None), ("sorted([1, 'a'])", None), ('1 / 0', None)])
+    ('1 << 10 ** 9', None), ("sorted([1, 'a'])", None), ('1 / 0', None),
+    ('str(10 ** 9)', '1000000000'), ('bytes(3)', b'\x00\x00\x00')])
 def test_expected_sides_of_literals_and_pure_builtins_fold_within_limits(text, value):
   folded = seal._fold(ast.parse(text, mode='eval').body)
   if value is None:

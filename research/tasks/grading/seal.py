@@ -393,8 +393,7 @@ def _evaluate(node: ast.expr):
     kwargs = {k.arg: _evaluate(k.value) for k in node.keywords}
     if isinstance(node.func, ast.Name) and node.func.id in _FOLDABLE:
       function = _FOLDABLE[node.func.id]
-      if function in (bytes, str) and args and isinstance(args[0], int) and not isinstance(
-          args[0], bool):
+      if function is bytes and args and isinstance(args[0], int):
         _bounded(range(args[0]))  # bytes(n) makes n bytes.
       return _bounded(function(*args, **kwargs))
     if isinstance(node.func, ast.Attribute) and node.func.attr in _FOLDABLE_METHODS:
