@@ -417,8 +417,7 @@ def test_report_events_of_the_wrong_shape_do_not_read():
   (which the accounting would choke on) is a problem, never an exception."""
   good = [{'kind': 'runner_start', 'seq': 0}, {'kind': 'collected', 'seq': 1, 'nodeids': ['a']}]
   bad = [{'kind': 'collected', 'nodeids': [['a']]}, {'kind': 'collected', 'nodeids': 'a'},
-         {'kind': 'check', 'nodeid': 'a', 'problems': [], 'seals': [['t', 1]]},
-         {'kind': 'check', 'nodeid': 'a', 'problems': [], 'seals': ['t']},
+         {'kind': 'check', 'nodeid': 'a', 'problems': 'x'}, {'kind': 'check', 'nodeid': 'a'},
          {'kind': 'test', 'nodeid': 'a', 'when': 'later', 'outcome': 'passed', 'xfail': False,
           'message': ''},
          {'kind': 'test', 'nodeid': 'a', 'when': 'call', 'outcome': ['passed'], 'xfail': False,
@@ -432,6 +431,22 @@ def test_report_events_of_the_wrong_shape_do_not_read():
   assert events == good
   assert problems == [f'report line {i} does not read' for i in range(2, len(lines))]
   testrun._account(events)  # What reads is what the accounting takes.
+
+
+def test_seal_records_join_the_next_check_and_audit_lines_are_problems():
+  """A sealed assert's record line belongs to the test whose check comes next (each distinct one
+  once); a check event's own `seals` are not read; an unreadable record and the audit hook's lines
+  are problems."""
+  lines = [b'{"kind": "runner_start", "seq": 0}', b'S t1 ["b", true]', b'S t1 ["b", true]',
+           b'S t2 ["i",  "3"]', b'{"kind": "check", "seq": 1, "nodeid": "a", "problems": []}',
+           b'S t3 ["N"]', b'S t4 [[', b'A grading code changed at run time',
+           b'{"kind": "check", "seq": 2, "nodeid": "b", "problems": [], "seals": [["t9", "x"]]}',
+           b'S t5 ["N"]']
+  events, problems = grading.read_report(b'\n'.join(lines))
+  assert [e.get('seals') for e in events] == [
+      None, [['t1', '["b", true]'], ['t2', '["i", "3"]']], [['t3', '["N"]']]]
+  assert problems == ['report line 6 does not read',
+                      'stopped at run time: grading code changed at run time']
 
 
 # A wrong body that floods the report pipe with readable-looking events shaped to break the

@@ -7,9 +7,11 @@ import enum
 import fractions
 import json
 import math
+import os
 from pathlib import Path
 import random
 import sys
+import tempfile
 import textwrap
 
 import numpy
@@ -18,6 +20,7 @@ import pytest
 from research.tasks import grading
 from research.tasks import patch as patch_lib
 from research.tasks import sandbox
+from research.tasks.grading import sandboxed
 from research.tasks.grading import seal
 from research.tasks import task as task_lib
 from research.tasks import testing
@@ -28,10 +31,26 @@ from research.tasks.redteam.attacks import readers
 from research.tasks.grading.sandboxed import record
 
 
+def _records(values, token='tok') -> list[list[str]]:
+  """[token, text] of what a sealed assert in a test module records of each of `values`, read
+  from the report as the harness reads it (one per distinct record)."""
+  with tempfile.TemporaryFile() as out:
+    space = {}
+    source = sandboxed.copied(record.PIECES, '_fresh') + (
+        f'\n\ndef test_sealed(v):\n  assert _fresh(v, {token!r})\n')
+    exec(compile(source, 'test_sealed.py', 'exec'), space)  # pylint: disable=exec-used
+    space['_fresh'].__defaults__ = (record.recorder(out.fileno(), os.write),)
+    for value in values:
+      space['test_sealed'](value)
+    out.seek(0)
+    report = out.read() + b'{"kind": "check", "seq": 0, "nodeid": "t", "problems": []}\n'
+  events, problems = grading.read_report(report)
+  assert not problems
+  return events[0]['seals']
+
+
 def _recorded(value) -> str:
-  record.record.seen = []
-  assert record.record(value, 'tok') is True
-  (token, text), = record.record.seen
+  (token, text), = _records([value])
   assert token == 'tok'
   return text
 
@@ -94,17 +113,22 @@ def test_a_question_mark_is_a_string_like_any_other():
   assert _met('?', '?') and not _met('?', '!')
 
 
-def test_a_loop_over_one_assert_records_each_value_once_and_a_few_at_most():
-  record.record.seen = []
-  for _ in range(100):
-    record.record('same', 'a')
-  for i in range(20):
-    record.record(i, 'b')
-  texts = collections.defaultdict(list)
-  for token, text in record.record.seen:
-    texts[token].append(seal.decode(text))
-  assert texts['a'] == ['same']
-  assert texts['b'] == [*range(8), seal.OPAQUE]  # Unequal to any literal: the test fails.
+def test_a_loop_over_one_assert_records_each_distinct_value_once():
+  texts = [seal.decode(text) for _, text in _records(['same'] * 100 + list(range(20)) * 2)]
+  assert texts == ['same', *range(20)]  # Each met or not by itself: none stands for another.
+
+
+def test_a_record_from_outside_the_sealed_module_is_not_written():
+  """Code under test that calls a module's record function itself (to add a record the harness
+  would take for the assert's) writes nothing: the caller must run code of the sealed file."""
+  with tempfile.TemporaryFile() as out:
+    space = {}
+    exec(compile(sandboxed.copied(record.PIECES, '_fresh'), 'test_sealed.py', 'exec'), space)  # pylint: disable=exec-used
+    space['_fresh'].__defaults__ = (put := record.recorder(out.fileno(), os.write),)
+    assert space['_fresh'](True, 'tok') is True  # Called from this file, not test_sealed.py.
+    assert put(True, 'tok') is True  # And `put` itself, by anything but a record function.
+    out.seek(0)
+    assert out.read() == b''
 
 
 def test_equal_dicts_and_sets_record_the_same_text():
@@ -369,6 +393,89 @@ def test_sealing_hides_the_literals_and_the_harness_judges_the_records(tmp_path)
   unmet, flags = seal.judge(run.seals, sealing, sealed)
   assert unmet == {'tests/test_mod.py::test_words': 'sealed assert 2 unequal to its literal'}
   assert flags == []
+
+
+_FORGER = """\
+import sys
+
+MARK = 'an expectation the grader sealed'
+
+
+def _sealed():
+  return [f for m in list(sys.modules.values()) for f in list(getattr(m, '__dict__', {}).values())
+          if callable(f) and MARK in getattr(getattr(f, '__code__', None), 'co_consts', ())]
+
+
+def value(how):
+  if how == 'defaults':
+    for f in _sealed():
+      f.__defaults__ = (lambda value, token: True,)
+  elif how == 'code':
+    for f in _sealed():
+      f.__code__ = (lambda value, token, put=None: True).__code__
+  elif how == 'trace':
+    sys.settrace(lambda *a: None)
+  elif how == 'runner':
+    main = sys.modules['__main__']
+    main.Reporter.emit.__code__ = (lambda self, kind, **fields: None).__code__
+  elif how == 'direct':
+    for f in _sealed():
+      f(True, 'forged')
+  return 3
+"""
+_FORGED_TESTS = '''\
+from pkg import mod
+
+
+def test_honest():
+  assert mod.value('') == 3
+
+
+def test_defaults():
+  assert mod.value('defaults') == 3
+
+
+def test_code():
+  assert mod.value('code') == 3
+
+
+def test_trace():
+  assert mod.value('trace') == 3
+
+
+def test_runner():
+  assert mod.value('runner') == 3
+
+
+def test_direct():
+  assert mod.value('direct') == 3
+'''
+
+
+def test_code_under_test_cannot_change_how_a_sealed_assert_records(tmp_path):
+  """Records leave the process at the assert, through functions whose code and defaults the
+  runner's audit hook keeps: a change of either (or of the runner's code), a tracer, are stopped
+  where they are tried and reported; a record function called by code under test writes
+  nothing."""
+  tree = _tree(tmp_path / 'tree', _FORGER)
+  (tree / 'tests' / 'test_mod.py').write_text(_FORGED_TESTS)
+  tests = [f'tests/test_mod.py::test_{n}' for n in ('honest', 'defaults', 'code', 'trace',
+                                                     'runner', 'direct')]
+  sealing = seal.seal_asserts(tree, seal.candidates(tree, tests), [], random.Random(0))
+  run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
+  assert {n: o for n, o in run.outcomes.items()} == {
+      **{n: 'failed' for n in tests[1:5]}, tests[0]: 'passed', tests[5]: 'passed'}
+  for nodeid in tests[1:5]:
+    assert 'RuntimeError' in run.failures[nodeid]
+  assert [p for p in run.problems if p.startswith('stopped')] == [
+      'stopped at run time: sealed record function changed at run time',
+      'stopped at run time: sealed record function changed at run time',
+      'stopped at run time: tracing hook set at run time',
+      'stopped at run time: grading code changed at run time']
+  # The honest record of each passing test, and nothing of the direct call.
+  assert {n: [seal.decode(t) for _, t in r] for n, r in run.seals.items() if r} == {
+      tests[0]: [3], tests[5]: [3]}
+  assert seal.judge(run.seals, sealing, [f'{n}@0' for n in (tests[0], tests[5])]) == ({}, [])
 
 
 def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():

@@ -474,7 +474,8 @@ def test_value_twins_in_grading(tmp_path):
   # twins caught it, but not a forger that reads the line that called it and spares a value
   # twin's lines (`twin_kinds.FORGERS['line']`): it got reward 1 too. Now the required test
   # itself checks its `a == b`, whatever line it is on.
-  # The last also switches the checks to counting through their defaults (which no call uses).
+  # The last also switches the checks to counting through their defaults (which no call uses):
+  # the runner's audit hook stops that where it is tried.
   for forger in ('same', 'line_any', 'line_object', 'line_object_counting'):
     body = ''.join('  ' + line + '\n' for line in (
         COUNTING + twin_kinds.FORGERS['line_object'] if forger == 'line_object_counting'
@@ -482,7 +483,9 @@ def test_value_twins_in_grading(tmp_path):
     g = grading.grade(t, graded, _solution(t, tree, stub.replace(
         '  raise NotImplementedError\n', body, 1)))
     assert g.reward == 0.0 and g.outcomes[t.fail_to_pass[0]] == 'failed', (forger, g.reason)
-    assert f'value checks answered wrongly where `a == b` held: {t.fail_to_pass[0]}' in g.tamper
+    assert (f'value checks answered wrongly where `a == b` held: {t.fail_to_pass[0]}' in g.tamper
+            if forger != 'line_object_counting' else
+            'stopped at run time: grading code changed at run time' in g.tamper), g.tamper
 
 
 def _compares(func: ast.AST) -> bool:

@@ -671,7 +671,7 @@ def _seal_file(tree: Path, rel: str, keys: dict[str, tuple[str, twins.Twin | Non
   stmt = rng.choice([s for s in mod.tree.body if isinstance(
       s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))])
   at = mod.src.starts[min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]) - 1]
-  edits.append((at, at, f'{sandboxed.copied(record.PIECES, name)}\n\n{name}.seen = []\n\n\n'))
+  edits.append((at, at, f'{sandboxed.copied(record.PIECES, name)}\n\n\n'))
   sealed = testsource.apply(text, edits)
   try:
     layout.parse_source(sealed)

@@ -13,6 +13,7 @@ import threading
 
 from research.tasks import layout
 from research.tasks import sandbox
+from research.tasks.grading.sandboxed import record
 
 
 RUNNER = Path(__file__).parent / 'sandboxed' / 'runner.py'
@@ -82,7 +83,7 @@ _EVENTS = {
     'runner_start': {}, 'session_start': {}, 'collected': {'nodeids': [str]},
     'collect_error': {'nodeid': str},
     'test': {'nodeid': str, 'when': str, 'outcome': str, 'xfail': bool, 'message': str},
-    'check': {'nodeid': str, 'problems': [str], 'seals': [[str]]},
+    'check': {'nodeid': str, 'problems': [str]},
     'session_finish': {'exitstatus': int, 'problems': [str]}, 'runner_exit': {'code': int}}
 _VALUES = {'when': ('setup', 'call', 'teardown', 'subtest'),
            'outcome': ('passed', 'failed', 'skipped')}
@@ -111,15 +112,34 @@ def _event(line: str) -> dict | None:
 
 
 def read_report(data: bytes) -> tuple[list[dict], list[str]]:
-  """Events in order, and problems with lines that do not read or are out of sequence."""
-  events, problems = [], []
+  """Events in order, and problems with lines that do not read or are out of sequence.
+
+  Two kinds of line are no events: a sealed assert's record, `S <token> <encoding>`, written at
+  the assert (sandboxed/record.py), belongs to the test whose integrity check comes next, and
+  joins that check event's `seals` ([token, JSON text] pairs, each distinct one once); the audit
+  hook's `A <why>` (sandboxed/runner.py) is a problem.
+  """
+  events, problems, seals = [], [], {}
   for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
+    if line.startswith('S '):
+      token, _, encoding = line[2:].partition(' ')
+      if line not in seals:
+        try:
+          seals[line] = [token, record.text(encoding)]
+        except ValueError:
+          problems.append(f'report line {i} does not read')
+      continue
+    if line.startswith('A '):
+      problems.append(f'stopped at run time: {line[2:202]}')
+      continue
     event = _event(line)
     if event is None:
       problems.append(f'report line {i} does not read')
     elif event.get('seq') != len(events):
       problems.append(f'report line {i} out of sequence')
     else:
+      if event['kind'] == 'check':
+        event, seals = {**event, 'seals': list(seals.values())}, {}
       events.append(event)
   return events, problems
 
@@ -326,6 +346,7 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   harness.mkdir()
   out.mkdir()
   shutil.copy(RUNNER, harness / 'runner.py')
+  shutil.copy(RUNNER.with_name('record.py'), harness / 'record.py')
   config = _runner_config(tree, args, config_file, python_path, site_dirs, out, coverage_source)
   # pytest's own summary, printed last, must survive the output cut for the cross-check.
   limits = dataclasses.replace(limits, output_kb=max(limits.output_kb, _OUTPUT_KB))

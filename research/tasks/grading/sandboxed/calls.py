@@ -40,7 +40,8 @@ _RECORD = []  # record.py, once main() loaded it.
 
 def _encode(value) -> list:
   try:
-    return _RECORD[0].record_encode(value, 0, [_BUDGET], 'differential')
+    encode = _RECORD[0].encode
+    return encode(value, 0, [_BUDGET], 'differential', encode)
   except Exception:  # pylint: disable=broad-except
     return ['?']
 

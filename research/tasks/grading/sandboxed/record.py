@@ -1,104 +1,138 @@
-"""Sealed asserts' run-time half (research/tasks/grading/seal.py), copied into test modules.
+"""Sealed asserts' run-time half (research/tasks/grading/seal.py): records leave the process at the
+assert.
 
-Standard library only: seal.py copies PIECES as source (`inspect.getsource`, `record` and its
-helpers `record_*` renamed by that prefix, sandboxed.copied) into each sealed test module, where
-they record what the test computed for the harness to compare. The runner finds `record`'s copy by
-MARK, a constant of its code, and watches it and its helpers.
+Standard library only. `record` (PIECES), copied as source into each sealed test module under a
+fresh name (sandboxed.copied), is all a sealed assert calls: it hands the computed value and its
+token to `put`, its default argument, which the runner binds when collection ends (it finds the
+copy by MARK, a constant of its code). `put` is made by `recorder` in the runner before any code
+under test runs: it encodes the value as exact builtins (`encode`) and writes the record to the
+report pipe at once (JSON, `dump`), so nothing kept in the process can be read back, rewritten or dropped later.
+Every name they use is bound as a default argument when they are made (nothing is looked up in a
+module or in builtins at call time), and the runner's audit hook stops any change of their code or
+defaults (runner.py). `put` writes only what a sealed assert's own module calls it with: the
+caller of `record` must run code of the file `record` was copied into.
 """
+import json
+import json.encoder
+import numbers
+import operator
+import sys
 
 MARK = 'an expectation the grader sealed'
+BUDGET = 1 << 20  # Nodes and characters of one encoding.
 
 
-def record(value, token):
-  """Appends (token, JSON of `value` as exact builtins) to `record.seen`; returns True.
+def record(value, token, put=None):
+  """Records `value` under `token` through `put` (bound by the runner); returns True.
 
-  The run-time half, copied into test modules (renamed): it uses nothing from this package, and
-  takes its builtins from `builtins`. Builtins and their subclasses are read through the
-  builtins' own methods (a subclass's overrides are not called), other numbers through their own
-  (what they give is the value computed); anything else, or a value over the budget, encodes as
-  OPAQUE.
+  The copy in a test module uses nothing but its arguments: a module under test could shadow any
+  global or builtin of the test module.
   """
-  from builtins import Exception, len
-  import json
   mark = 'an expectation the grader sealed'  # MARK, a constant of this function's own code.
-  try:
-    text = json.dumps(record_encode(value, 0, [1 << 20], mark))  # Budget: nodes and characters.
-  except Exception:  # pylint: disable=broad-except
-    text = json.dumps(['?'])
-  # Once per distinct value: a loop over one sealed assert stays small. Correct code's records of
-  # one token are all equal to one literal; past a few distinct ones, one opaque record stands for
-  # the rest.
-  mine = [entry for entry in record.seen if entry[0] == token]
-  if (token, text) not in mine:
-    if len(mine) >= 8:
-      text = json.dumps(['?'])
-    if (token, text) not in mine:
-      record.seen.append((token, text))
-  return True
+  del mark
+  return put(value, token)
 
 
-def record_spend(budget, n, depth, why):
-  """Takes `n` from the budget; past it, or too deep, raises OverflowError."""
-  from builtins import OverflowError
-  budget[0] -= n
+PIECES = (record,)
+
+
+def encode(v, depth, budget, why, enc, _bool=bool, _bytearray=bytearray, _bytes=bytes,
+           _complex=complex, _dict=dict, _float=float, _frozenset=frozenset, _int=int,
+           _issubclass=issubclass, _isinstance=isinstance, _len=len, _list=list, _set=set,
+           _sorted=sorted, _str=str, _tuple=tuple, _type=type, _repr=repr, _getattr=getattr,
+           _overflow=OverflowError, _index=operator.index, _integral=numbers.Integral,
+           _rational=numbers.Rational, _real=numbers.Real, _complex_abc=numbers.Complex):
+  """`v` as JSON-able lists, [tag, content], read through the builtins' own methods (a builtin
+  subclass's overrides are not called); other numbers (numpy's scalars, Fraction) as the builtin
+  value `==` with a literal compares (what their own methods return is the value computed). `enc`
+  is this function (recursion without a global); `budget` ([nodes and characters left]) and
+  depth bound the work: past them, OverflowError(why)."""
+  budget[0] -= 1
   if depth > 100 or budget[0] < 0:
-    raise OverflowError(why)
-
-
-def record_encode(v, depth, budget, why):
-  """`v` as JSON-able lists: [tag, content], read through the builtins' own methods."""
-  from builtins import (bool, bytearray, bytes, complex, dict, float, frozenset, int, issubclass,
-                        len, list, next, set, sorted, str, tuple, type)
-  import json
-  record_spend(budget, 1, depth, why)
+    raise _overflow(why)
   if v is None:
     return ['N']
-  kinds = ((bool, 'b'), (int, 'i'), (float, 'f'), (complex, 'c'), (str, 's'), (bytes, 'y'),
-           (bytearray, 'Y'), (list, 'l'), (tuple, 't'), (set, 'e'), (frozenset, 'z'),
-           (dict, 'd'))
-  kind, tag = next(((k, t) for k, t in kinds if issubclass(type(v), k)), (None, '?'))
-  if kind is None:
-    return record_number(v, depth, budget, why)
-  if kind is bool:
-    return [tag, int.__bool__(v)]
-  if kind is int:
-    return [tag, int.__repr__(v)]
-  if kind is float:
-    return [tag, float.hex(v)]
-  if kind is complex:
-    return [tag, float.hex(complex.real.__get__(v)), float.hex(complex.imag.__get__(v))]
-  if kind in (str, bytes, bytearray):
-    text = str.__add__('', v) if kind is str else kind.hex(v)
-    record_spend(budget, len(text), depth, why)
-    return [tag, text]
-  if kind is dict:
-    items = [[record_encode(k, depth + 1, budget, why), record_encode(x, depth + 1, budget, why)]
-             for k, x in dict.items(v)]
-  else:
-    items = [record_encode(x, depth + 1, budget, why) for x in kind.__iter__(v)]
-  if kind in (dict, set, frozenset):  # In one order: equal values, equal records.
-    items = sorted(items, key=json.dumps)
-  return [tag, items]
-
-
-def record_number(v, depth, budget, why):
-  """Other numbers (numpy's scalars, Fraction) as the builtin value `==` with a literal compares;
-  what their methods return is the value computed, as if returned."""
-  from builtins import complex, float, getattr, int, isinstance
-  import numbers
-  import operator
-  if isinstance(v, numbers.Integral):
-    return record_encode(operator.index(v), depth, budget, why)
-  if isinstance(v, numbers.Rational):
-    return ['q', int.__repr__(operator.index(v.numerator)),
-            int.__repr__(operator.index(v.denominator))]
-  if isinstance(v, numbers.Real):
+  kind = _type(v)
+  if _issubclass(kind, _bool):
+    return ['b', _int.__bool__(v)]
+  if _issubclass(kind, _int):
+    return ['i', _int.__repr__(v)]
+  if _issubclass(kind, _float):
+    return ['f', _float.hex(v)]
+  if _issubclass(kind, _complex):
+    return ['c', _float.hex(_complex.real.__get__(v)), _float.hex(_complex.imag.__get__(v))]
+  for base, tag in ((_str, 's'), (_bytes, 'y'), (_bytearray, 'Y')):
+    if _issubclass(kind, base):
+      text = _str.__add__('', v) if base is _str else base.hex(v)
+      budget[0] -= _len(text)
+      if budget[0] < 0:
+        raise _overflow(why)
+      return [tag, text]
+  if _issubclass(kind, _dict):
+    return ['d', _sorted([[enc(k, depth + 1, budget, why, enc), enc(x, depth + 1, budget, why, enc)]
+                          for k, x in _dict.items(v)], key=_repr)]
+  for base, tag in ((_list, 'l'), (_tuple, 't'), (_set, 'e'), (_frozenset, 'z')):
+    if _issubclass(kind, base):
+      items = [enc(x, depth + 1, budget, why, enc) for x in base.__iter__(v)]
+      # Sets in one order: equal values, equal records.
+      return [tag, _sorted(items, key=_repr) if base in (_set, _frozenset) else items]
+  if _isinstance(v, _integral):
+    return enc(_index(v), depth, budget, why, enc)
+  if _isinstance(v, _rational):
+    return ['q', _int.__repr__(_index(v.numerator)), _int.__repr__(_index(v.denominator))]
+  if _isinstance(v, _real):
     # numpy compares a half or single with a builtin at its own precision (NEP 50).
-    size = getattr(v, 'itemsize', 8)
-    return ['F', float.hex(float(v)), size] if size in (2, 4) else ['f', float.hex(float(v))]
-  if isinstance(v, numbers.Complex):
-    return record_encode(complex(v), depth, budget, why)
+    size = _getattr(v, 'itemsize', 8)
+    return ['F', _float.hex(_float(v)), size] if size in (2, 4) else ['f', _float.hex(_float(v))]
+  if _isinstance(v, _complex_abc):
+    return enc(_complex(v), depth, budget, why, enc)
   return ['?']
 
 
-PIECES = (record, record_spend, record_encode, record_number)
+def dump(x, dump, _quote=json.encoder.encode_basestring_ascii, _type=type, _str=str, _bool=bool,
+         _int=int, _join=', '.join):
+  """An encoding (`encode`'s lists of str, int and bool) as the JSON text json.dumps gives; `dump`
+  is this function."""
+  kind = _type(x)
+  if kind is _str:
+    return _quote(x)
+  if kind is _bool:
+    return 'true' if x else 'false'
+  if kind is _int:
+    return _int.__repr__(x)
+  return '[' + _join([dump(item, dump) for item in x]) + ']'
+
+
+def recorder(fd, write):
+  """The `put` that sealed asserts' `record` copies call: writes `S <token> <JSON of the
+  encoding>` (`['?']` where encoding fails) as one line to `fd` with `write` (os.write, taken
+  before any code under test ran), and returns True. Where the caller of `record` runs code of
+  another file than `record`'s (code under test calling a module's copy itself), it writes
+  nothing: the harness then finds no record of that assert."""
+
+  def put(value, token, _fd=fd, _write=write, _encode=encode, _dump=dump, _budget=BUDGET,
+          _str=str, _type=type, _exception=Exception, _frame=sys._getframe,  # pylint: disable=protected-access
+          _mark=MARK):
+    frame = _frame(1)
+    caller = frame.f_back
+    if (_type(token) is not _str or caller is None
+        or caller.f_code.co_filename != frame.f_code.co_filename
+        or _mark not in frame.f_code.co_consts):
+      return True
+    try:
+      text = _dump(_encode(value, 0, [_budget], _mark, _encode), _dump)
+    except _exception:  # pylint: disable=broad-except
+      text = '["?"]'
+    _write(_fd, _str.encode('S ' + token + ' ' + text + '\n'))
+    return True
+
+  return put
+
+
+def text(line: str) -> str:
+  """The JSON text of a record line's encoding, as json.dumps writes it (the harness's side of
+  `put`); ValueError where the line holds no JSON."""
+  try:
+    return json.dumps(json.loads(line))
+  except (ValueError, RecursionError) as e:
+    raise ValueError(f'unreadable seal record: {e}') from e

@@ -21,6 +21,20 @@ import sys
 # Taken before any code under test runs: the reporter writes only through these, and the
 # checks compare the live attributes against them.
 _DUMPS, _WRITE, _EXIT = json.dumps, os.write, os._exit
+
+
+def _load_record():
+  """record.py, copied beside this file, run in a namespace of its own (never in sys.modules, where
+  a tree's own `record` module would meet it) before any code under test."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'record.py')
+  with open(path) as f:
+    code = compile(f.read(), path, 'exec')
+  space = {'__name__': '_sealed_record'}
+  exec(code, space)  # pylint: disable=exec-used
+  return space
+
+
+_RECORD = _load_record()
 # What the check of in-place changes compares with at C speed (_unchanged), taken as well.
 _MAP, _ANY, _GETATTR, _IS_NOT = map, any, getattr, operator.is_not
 _DICT_GET, _REPEAT = dict.get, itertools.repeat
@@ -182,31 +196,63 @@ def _value_checks(items):
 
 
 def _seal_records(items):
-  """(the test modules' record functions of sealed asserts and their helpers, watched like the
-  value checks: the harness compares what they record with literals it alone holds; the record
-  functions)."""
+  """(the test modules' record functions of sealed asserts, watched like the value checks; the
+  functions): their copies of record.py's `record`, which write through the `put` the runner
+  binds to them (main)."""
   planted = _planted(items, _SEAL)
   return ({f'seals of {m.__name__}': (vars(m), names + helpers) for m, (names, helpers) in planted.items()},
           [vars(m)[name] for m, (names, _) in planted.items() for name in names])
 
 
-def _taken(functions):
-  """(the records the functions hold, as [token, text] pairs of strings, emptying them;
-  problems): only `record` writes there, so a `seen` that is no list, or an entry that is no pair
-  of strings, is tampering."""
-  out, problems = [], []
-  for f in functions:
-    seen = getattr(f, 'seen', None)
-    if type(seen) is not list:
-      problems.append(f'seal records replaced: {getattr(f, "__qualname__", "?")}')
-      continue
-    for r in list.__iter__(seen):
-      if type(r) is tuple and len(r) == 2 and type(r[0]) is str and type(r[1]) is str:
-        out.append([r[0], r[1]])
-      else:
-        problems.append(f'seal record forged in {getattr(f, "__qualname__", "?")}')
-    list.clear(seen)
-  return out, sorted(set(problems))
+# What the audit hook acts on (besides `object.__setattr__` of functions' code and defaults).
+_AUDITED = frozenset({'object.__setattr__', 'function.__new__', 'sys.settrace', 'sys.setprofile',
+                      'ctypes.dlsym'})
+
+
+def _auditor(fd, put, tracing):
+  """An audit hook (sys.addaudithook: it stays for the life of the process) that stops, and reports
+  at once on the pipe as an `A <why>` line, what would let code under test change a sealed
+  assert's record before it is written: a change of the code or defaults of the sealed asserts'
+  `record` copies (but the runner's one binding of `put`), of any function of runner.py and
+  record.py or of the value checks planted in test modules; a copy of one (a new function on its
+  code); a tracing or profiling hook (a tracer can rewrite a running frame's locals; allowed with
+  `tracing`, under coverage); and ctypes reaching the interpreter's own C API. Like `put`, it looks
+  up nothing at call time."""
+  files = (_auditor.__code__.co_filename, put.__code__.co_filename)
+
+  def hook(event, args, _fd=fd, _write=_WRITE, _put=put, _tracing=tracing, _mark=_SEAL,
+           _checks=_VALUE_CHECKS, _files=files, _events=_AUDITED, _function=type(_auditor),
+           _type=type, _tuple=tuple, _len=len, _str=str, _error=RuntimeError,
+           _names=frozenset({'__code__', '__defaults__', '__kwdefaults__'})):
+    if event not in _events:
+      return
+    why = None
+    if event == 'object.__setattr__':
+      target = args[0]
+      if _type(target) is not _function or args[1] not in _names:
+        return
+      code = target.__code__
+      if _mark in code.co_consts:
+        now, new = target.__defaults__, args[2]
+        if not (args[1] == '__defaults__' and _type(now) is _tuple and _len(now) == 1
+                and now[0] is None and _type(new) is _tuple and _len(new) == 1 and new[0] is _put):
+          why = b'sealed record function changed at run time'
+      elif code.co_filename in _files or _checks in code.co_consts:
+        why = b'grading code changed at run time'
+    elif event == 'function.__new__':
+      code = args[0]
+      if _mark in code.co_consts or _checks in code.co_consts or code.co_filename in _files:
+        why = b'grading code copied at run time'
+    elif event in ('sys.settrace', 'sys.setprofile'):
+      if not _tracing:
+        why = b'tracing hook set at run time'
+    elif _type(args[1]) is _str and args[1].startswith(('Py', '_Py')):  # ctypes.dlsym
+      why = b'interpreter internals reached through ctypes'
+    if why is not None:
+      _write(_fd, b'A ' + why + b'\n')
+      raise _error(why)
+
+  return hook
 
 
 def _snapshot(namespaces):
@@ -260,9 +306,9 @@ class Reporter:
   """pytest plugin that writes one JSON line per event to the report pipe, and checks itself."""
   # No instance dict: nothing can shadow a method on the instance.
   __slots__ = ('_fd', '_tree', '_test_dirs', '_seq', '_cov', '_watched', '_tests', '_hooks',
-               '_config', '_early', '_seals', '_parts', '_columns')
+               '_config', '_early', '_put', '_parts', '_columns')
 
-  def __init__(self, fd, tree, test_dirs, coverage=None):
+  def __init__(self, fd, tree, test_dirs, coverage=None, put=None):
     self._fd = fd
     self._tree = os.path.realpath(tree)
     self._test_dirs = test_dirs
@@ -273,7 +319,7 @@ class Reporter:
     self._hooks = None
     self._config = None
     self._early = []  # Problems found once: at a plugin's registration, after collection.
-    self._seals = []  # The record functions of sealed asserts, found when collection ends.
+    self._put = put  # What the record functions of sealed asserts write through (record.py).
     self._parts = []  # (label, object, attribute, value): what changes a function in place.
     self._columns = ([], [], []), ([], [], []), []  # _parts as _unchanged compares them.
 
@@ -351,7 +397,9 @@ class Reporter:
                 'PluginManager class': (vars(type(pm)), None),
                 'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
     self.watch(_value_checks(session.items))
-    watched, self._seals = _seal_records(session.items)
+    watched, functions = _seal_records(session.items)
+    for f in functions:
+      f.__defaults__ = (self._put,)
     self.watch(watched)
     self.emit('collected', nodeids=sorted(item.nodeid for item in session.items))
 
@@ -359,8 +407,6 @@ class Reporter:
     del location
     # Before the test runs, so that a test neutered by an earlier one is caught.
     self._early += self.test_problems(nodeid)
-    # What was recorded outside a test belongs to none; tampering with it is still tampering.
-    self._early += _taken(self._seals)[1]
     if self._cov is not None:
       self._cov.switch_context(nodeid)
 
@@ -377,9 +423,7 @@ class Reporter:
     del location
     if self._cov is not None:
       self._cov.switch_context('')
-    seals, problems = _taken(self._seals)
-    self.emit('check', nodeid=nodeid, problems=sorted(set(self.problems([nodeid]) + problems)),
-              seals=seals)
+    self.emit('check', nodeid=nodeid, problems=self.problems([nodeid]))
 
   def pytest_sessionfinish(self, session, exitstatus):
     self.emit('session_finish', exitstatus=int(exitstatus), problems=self.problems(self._tests),
@@ -404,13 +448,15 @@ def main():
     import coverage
     cov = coverage.Coverage(data_file=job['coverage_file'], source=job['coverage_source'],
                             config_file=False)
-  reporter = Reporter(fd, job['tree'], job['test_dirs'], cov)
+  put = _RECORD['recorder'](fd, _WRITE)
+  reporter = Reporter(fd, job['tree'], job['test_dirs'], cov, put)
   reporter.emit('runner_start', pid=os.getpid())
   import pytest
   _hide_current_test()
   reporter.watch(_watched())
   if cov is not None:
     cov.start()
+  sys.addaudithook(_auditor(fd, put, tracing=cov is not None))
   code = pytest.main(job['pytest_args'], plugins=[reporter])
   if cov is not None:
     cov.stop()

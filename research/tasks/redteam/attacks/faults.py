@@ -23,6 +23,18 @@ def _flood(text, events):
   return text
 
 
+def _lines(text, lines):
+  """Each of `lines` as it is, on every open descriptor."""
+  import os
+  for fd in range(3, 64):
+    try:
+      for line in lines:
+        os.write(fd, line)
+    except OSError:
+      pass
+  return text
+
+
 def _nesting_bomb(text):
   """A line nested deeper than the harness's JSON parser recurses."""
   import os
@@ -83,8 +95,8 @@ FAULTS = {
     # Node ids that are lists: accounting them as a set would raise.
     'flood_collected': (_bound(_flood, events=[{'kind': 'collected', 'nodeids': [[0]]}]),
                         'malformed events'),
-    'bad_seals': (_bound(_flood, events=[{'kind': 'check', 'nodeid': 'x', 'problems': [],
-                                          'seals': [[0, None, {}]]}]), 'malformed seal records'),
+    'bad_seals': (_bound(_lines, lines=[b'S x [[0, None, {}]\n', b'S \n', b'S x ' + b'[' * 300 + b'\n']),
+                  'malformed seal records'),
     # The events of a finished, passing session, then the process ends at once.
     'forged_finish': (_bound(_flood, events=[
         {'kind': 'session_finish', 'exitstatus': 0, 'problems': []},
