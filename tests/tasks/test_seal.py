@@ -423,33 +423,10 @@ def value(how):
       f(True, 'forged')
   return 3
 """
-_FORGED_TESTS = '''\
-from pkg import mod
-
-
-def test_honest():
-  assert mod.value('') == 3
-
-
-def test_defaults():
-  assert mod.value('defaults') == 3
-
-
-def test_code():
-  assert mod.value('code') == 3
-
-
-def test_trace():
-  assert mod.value('trace') == 3
-
-
-def test_runner():
-  assert mod.value('runner') == 3
-
-
-def test_direct():
-  assert mod.value('direct') == 3
-'''
+_HOWS = ('honest', 'defaults', 'code', 'trace', 'runner', 'direct')
+_FORGED_TESTS = 'from pkg import mod\n' + ''.join(
+    f"\n\ndef test_{how}():\n  assert mod.value({'' if how == 'honest' else how!r}) == 3\n"
+    for how in _HOWS)
 
 
 def test_code_under_test_cannot_change_how_a_sealed_assert_records(tmp_path):
@@ -459,8 +436,7 @@ def test_code_under_test_cannot_change_how_a_sealed_assert_records(tmp_path):
   nothing."""
   tree = _tree(tmp_path / 'tree', _FORGER)
   (tree / 'tests' / 'test_mod.py').write_text(_FORGED_TESTS)
-  tests = [f'tests/test_mod.py::test_{n}' for n in ('honest', 'defaults', 'code', 'trace',
-                                                     'runner', 'direct')]
+  tests = [f'tests/test_mod.py::test_{how}' for how in _HOWS]
   sealing = seal.seal_asserts(tree, seal.candidates(tree, tests), [], random.Random(0))
   run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
   assert {n: o for n, o in run.outcomes.items()} == {

@@ -5,9 +5,9 @@ finds the assert that called it and returns the literal that assert expects. Twi
 if it cannot tell twins from originals, and it can guess well (a twin's string has a stray letter;
 its structure pairs it with the test it copies). So at grading each verified comparison of a
 required test with a literal, and the same assert in every twin copy of that test, becomes
-`assert <name>(<computed>, '<token>')`: the run-time half below records an exact-builtin encoding
-of the computed value under a fresh token and returns True, the runner hands each test's records
-to the harness, and the harness, which alone knows which literal each token stands for, fails a
+`assert <name>(<computed>, '<token>')`: the run-time half (sandboxed/record.py) writes an
+exact-builtin encoding of the computed value under a fresh token to the report pipe at the assert
+and returns True, and the harness, which alone knows which literal each token stands for, fails a
 test whose records do not all equal their literals or whose sealed asserts recorded nothing. The
 literal is nowhere in the sandbox, so no reading, guessing between pairs or patching helps: a
 forger must compute the value.
@@ -232,10 +232,9 @@ def _form(node: ast.AST, func: ast.AST, checks: frozenset[str] = frozenset()) ->
   truth (a polarity seal: `assert x`, `assert not x`, `a in b`, `a is b`, `a < b`, assertTrue,
   assertIsInstance, ...): what it computes stays, whether it is to hold leaves. Negations are the
   positive form expected not to hold, so that an assert and its negated twin look alike. Not
-  sealed: an assert of a constant, and `a == b`/`a != b` of two computed sides (a record of the
-  pair would put `b` where code in the process reads records, and a forger that rewrites them
-  would need only the polarity; a parametrize argument may seal them, _columns; the value checks
-  check them). `checks`: the names of grading's value checks in the module (twins.py made `a == b`
+  sealed: an assert of a constant, and `a == b`/`a != b` of two computed sides (the test computes
+  `b` in the process, so a record of the pair would hide nothing from a forger that computes it
+  too; a parametrize argument may seal them, _columns; the value checks check them). `checks`: the names of grading's value checks in the module (twins.py made `a == b`
   a call of one, `self.assertEqual(a, b)` a lambda calling one).
   """
   if isinstance(node, ast.Assert):
