@@ -84,6 +84,26 @@ _TRACE_SEAL_RECORDS = '''\
   return text.title()
 '''
 
+# Reads the report pipe back through /proc (the records written so far leave with it) and writes
+# them again with every recorded value `True`.
+_STEAL_SEAL_RECORDS = '''\
+  import os
+  import stat
+
+  for fd in range(3, 64):
+    try:
+      if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        continue
+      back = os.open(f'/proc/self/fd/{fd}', os.O_RDONLY | os.O_NONBLOCK)
+      data = os.read(back, 1 << 20)
+    except OSError:
+      continue
+    lines = [b' '.join(line.split(b' ')[:2] + [b'["b", true]']) if line.startswith(b'S ')
+             else line for line in data.split(b'\\n')]
+    os.write(fd, b'\\n'.join(lines))
+  return text.title()
+'''
+
 _EMIT = 'wraps the reporter instance\'s emit (found with gc) to sign forged outcomes'
 _DUMPS = 'patches json.dumps, which the reporter calls before signing'
 ATTACKS = (
@@ -150,6 +170,9 @@ _os._exit(0)
     plant.attack('seal_records_rebound', base.FORGING,
                  'rebinds the writer of sealed asserts\' records to write `True` (polarity guessed)',
                  'title_case', 'plain', plant.script(_REBIND_SEAL_RECORDS)),
+    plant.attack('seal_records_stolen', base.FORGING,
+                 'reads the report pipe back through /proc and writes its records again as `True`',
+                 'title_case', 'plain', plant.script(_STEAL_SEAL_RECORDS), flag=False),
     plant.attack('seal_records_traced', base.FORGING,
                  'a tracer rewrites the value a sealed assert records into `True` (polarity guessed)',
                  'title_case', 'plain', plant.script(_TRACE_SEAL_RECORDS)),
