@@ -22,6 +22,10 @@ import sys
 # checks compare the live attributes against them.
 _DUMPS, _WRITE, _EXIT = json.dumps, os.write, os._exit
 
+# What the check of in-place changes compares with at C speed (_unchanged), taken as well.
+_MAP, _ANY, _GETATTR, _IS_NOT = map, any, getattr, operator.is_not
+_DICT_GET, _REPEAT = dict.get, itertools.repeat
+
 
 def _load_record():
   """record.py, copied beside this file, run in a namespace of its own (never in sys.modules, where
@@ -35,9 +39,6 @@ def _load_record():
 
 
 _RECORD = _load_record()
-# What the check of in-place changes compares with at C speed (_unchanged), taken as well.
-_MAP, _ANY, _GETATTR, _IS_NOT = map, any, getattr, operator.is_not
-_DICT_GET, _REPEAT = dict.get, itertools.repeat
 
 
 def _watched():
@@ -398,8 +399,10 @@ class Reporter:
                 'HookCaller': (vars(type(pm.hook.pytest_runtest_logreport)), None)})
     self.watch(_value_checks(session.items))
     watched, functions = _seal_records(session.items)
-    for f in functions:
-      f.__defaults__ = (self._put,)
+    for f in {id(f): f for f in functions}.values():  # A module may hold another's copy too.
+      bound = f.__defaults__
+      if not (type(bound) is tuple and len(bound) == 1 and bound[0] is self._put):
+        f.__defaults__ = (self._put,)
     self.watch(watched)
     self.emit('collected', nodeids=sorted(item.nodeid for item in session.items))
 
