@@ -120,13 +120,17 @@ def test_a_loop_over_one_assert_records_each_distinct_value_once():
 
 def test_a_record_from_outside_the_sealed_module_is_not_written():
   """Code under test that calls a module's record function itself (to add a record the harness
-  would take for the assert's) writes nothing: the caller must run code of the sealed file."""
+  would take for the assert's) writes nothing: the caller must run code of the sealed file and
+  module."""
   with tempfile.TemporaryFile() as out:
     space = {}
     exec(compile(sandboxed.copied(record.PIECES, '_fresh'), 'test_sealed.py', 'exec'), space)  # pylint: disable=exec-used
     space['_fresh'].__defaults__ = (put := record.recorder(out.fileno(), os.write),)
     assert space['_fresh'](True, 'tok') is True  # Called from this file, not test_sealed.py.
     assert put(True, 'tok') is True  # And `put` itself, by anything but a record function.
+    other = {}  # Code compiled under the sealed file's name, run in another module.
+    exec(compile('def call(f):\n  return f(True, "tok")\n', 'test_sealed.py', 'exec'), other)  # pylint: disable=exec-used
+    assert other['call'](space['_fresh']) is True
     out.seek(0)
     assert out.read() == b''
 

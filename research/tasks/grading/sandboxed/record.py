@@ -10,7 +10,7 @@ report pipe at once (JSON, `dump`), so nothing kept in the process can be read b
 Every name they use is bound as a default argument when they are made (nothing is looked up in a
 module or in builtins at call time), and the runner's audit hook stops any change of their code or
 defaults (runner.py). `put` writes only what a sealed assert's own module calls it with: the
-caller of `record` must run code of the file `record` was copied into.
+caller of `record` must run code of the file and module `record` was copied into.
 """
 import json
 import json.encoder
@@ -107,15 +107,15 @@ def recorder(fd, write):
   """The `put` that sealed asserts' `record` copies call: writes `S <token> <JSON of the
   encoding>` (`['?']` where encoding fails) as one line to `fd` with `write` (os.write, taken
   before any code under test ran), and returns True. Where the caller of `record` runs code of
-  another file than `record`'s (code under test calling a module's copy itself), it writes
-  nothing: the harness then finds no record of that assert."""
+  another file or module than `record`'s (code under test calling a module's copy itself), it
+  writes nothing: the harness then finds no record of that assert."""
 
   def put(value, token, _fd=fd, _write=write, _encode=encode, _dump=dump, _budget=BUDGET,
           _str=str, _type=type, _exception=Exception, _frame=sys._getframe,  # pylint: disable=protected-access
           _mark=MARK):
     frame = _frame(1)
     caller = frame.f_back
-    if (_type(token) is not _str or caller is None
+    if (_type(token) is not _str or caller is None or caller.f_globals is not frame.f_globals
         or caller.f_code.co_filename != frame.f_code.co_filename
         or _mark not in frame.f_code.co_consts):
       return True
