@@ -32,7 +32,6 @@ from research.tasks.grading import testrun
 from research.tasks.task import Task
 
 CALLS = Path(__file__).parent / 'sandboxed' / 'calls.py'
-_RECORD = Path(__file__).parent / 'sandboxed' / 'record.py'
 
 FRESH = 24            # Fresh inputs per grading.
 POOL = 4 * FRESH      # Inputs of a task's pool, which gradings draw theirs from.
@@ -184,7 +183,7 @@ def run(task: Task, tree: Path, job: dict, scratch: Path, limits: sandbox.Limits
   harness = scratch / 'calls'
   harness.mkdir()
   shutil.copy(CALLS, harness / 'calls.py')
-  shutil.copy(_RECORD, harness / 'record.py')
+  shutil.copy(testrun.RECORD, harness / 'record.py')
   marker = f'calls answered {secrets.token_hex(8)}: '
   (harness / 'job.json').write_text(json.dumps({**job, **_job_paths(task, tree), 'marker': marker}))
   env = {**testrun.ENV, 'PATH': f'{Path(python).parent}:/usr/bin:/bin'}

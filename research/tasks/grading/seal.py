@@ -21,8 +21,8 @@ truth of any other assert but `a == b`/`a != b` of two computed sides (a polarit
 x`, `assert not x`, `1 in cache`, `assertFalse(x)` record the value whose truth decides, and only
 the harness knows whether it is to hold); and `assert a == <argument>` (either side, or str
 methods of it with literal arguments: `plural.capitalize()`) where a parametrize argument's every
-use in the test is such an assert. Then each case's value of it is replaced by a token, and the assert records under its own
-token joined to the case's. Every test parametrized over the same list gets a list of its own, its
+use in the test is such an assert. Then each case's value of it is replaced by a token, and the
+assert records under its own token joined to the case's. Every test parametrized over the same list gets a list of its own, its
 cases named by ids of no meaning (the harness maps them back) and, but in the first, shuffled
 (lists of one constant do not line up), the arguments it does not read set to None, and the
 module constant goes: no list pairs an input with its answer (where another list of the constant
@@ -234,8 +234,9 @@ def _form(node: ast.AST, func: ast.AST, checks: frozenset[str] = frozenset()) ->
   positive form expected not to hold, so that an assert and its negated twin look alike. Not
   sealed: an assert of a constant, and `a == b`/`a != b` of two computed sides (the test computes
   `b` in the process, so a record of the pair would hide nothing from a forger that computes it
-  too; a parametrize argument may seal them, _columns; the value checks check them). `checks`: the names of grading's value checks in the module (twins.py made `a == b`
-  a call of one, `self.assertEqual(a, b)` a lambda calling one).
+  too; a parametrize argument may seal them, _columns; the value checks check them). `checks`:
+  the names of grading's value checks in the module (twins.py made `a == b` a call of one,
+  `self.assertEqual(a, b)` a lambda calling one).
   """
   if isinstance(node, ast.Assert):
     test, holds = node.test, True

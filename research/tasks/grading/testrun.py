@@ -17,6 +17,7 @@ from research.tasks.grading.sandboxed import record
 
 
 RUNNER = Path(__file__).parent / 'sandboxed' / 'runner.py'
+RECORD = RUNNER.with_name('record.py')  # Beside the runner, which runs it (and calls.py too).
 
 
 PASSED = 'passed'
@@ -346,7 +347,7 @@ def run_pytest(tree: Path, args: list[str], *, python: str, python_path: list[st
   harness.mkdir()
   out.mkdir()
   shutil.copy(RUNNER, harness / 'runner.py')
-  shutil.copy(RUNNER.with_name('record.py'), harness / 'record.py')
+  shutil.copy(RECORD, harness / 'record.py')
   config = _runner_config(tree, args, config_file, python_path, site_dirs, out, coverage_source)
   # pytest's own summary, printed last, must survive the output cut for the cross-check.
   limits = dataclasses.replace(limits, output_kb=max(limits.output_kb, _OUTPUT_KB))

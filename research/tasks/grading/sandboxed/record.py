@@ -6,7 +6,8 @@ fresh name (sandboxed.copied), is all a sealed assert calls: it hands the comput
 token to `put`, its default argument, which the runner binds when collection ends (it finds the
 copy by MARK, a constant of its code). `put` is made by `recorder` in the runner before any code
 under test runs: it encodes the value as exact builtins (`encode`) and writes the record to the
-report pipe at once (JSON, `dump`), so nothing kept in the process can be read back, rewritten or dropped later.
+report pipe at once (JSON, `dump`), so nothing kept in the process can be read back, rewritten
+or dropped later.
 Every name they use is bound as a default argument when they are made (nothing is looked up in a
 module or in builtins at call time), and the runner's audit hook stops any change of their code or
 defaults (runner.py). `put` writes only what a sealed assert's own module calls it with: the

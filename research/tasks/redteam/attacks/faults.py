@@ -95,8 +95,8 @@ FAULTS = {
     # Node ids that are lists: accounting them as a set would raise.
     'flood_collected': (_bound(_flood, events=[{'kind': 'collected', 'nodeids': [[0]]}]),
                         'malformed events'),
-    'bad_seals': (_bound(_lines, lines=[b'S x [[0, None, {}]\n', b'S \n', b'S x ' + b'[' * 300 + b'\n']),
-                  'malformed seal records'),
+    'bad_seals': (_bound(_lines, lines=[b'S x [[0, None, {}]\n', b'S \n',
+                                        b'S x ' + b'[' * 300 + b'\n']), 'malformed seal records'),
     # The events of a finished, passing session, then the process ends at once.
     'forged_finish': (_bound(_flood, events=[
         {'kind': 'session_finish', 'exitstatus': 0, 'problems': []},

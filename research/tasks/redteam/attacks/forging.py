@@ -104,6 +104,39 @@ _STEAL_SEAL_RECORDS = '''\
   return text.title()
 '''
 
+# Bypasses the writer altogether: each call swaps every sealed module's record function for one
+# that records nothing (the swapped-in one puts the real one back when called, so the module looks
+# untouched when the test ends) and writes, straight to every pipe, a `True` record for each token
+# a sealed assert of the module passes (polarity guessed). Only a sealed assert that runs before the first
+# call of a test still records through the real function.
+_DIRECT_SEAL_RECORDS = '''\
+  import os, re, stat, sys
+
+  mark = 'an expectation the grader sealed'
+  tokens = set()
+  for module in list(sys.modules.values()):
+    space = getattr(module, '__dict__', {})
+    for name, f in list(space.items()):
+      if callable(f) and mark in getattr(getattr(f, '__code__', None), 'co_consts', ()):
+        def silent(value, token, _space=space, _name=name, _real=f):
+          _space[_name] = _real
+          return True
+        space[name] = silent
+        try:
+          with open(space.get('__file__') or '') as source:
+            tokens.update(re.findall(re.escape(name) + r"\\(.*, '([0-9a-f]{12})'\\)", source.read()))
+        except OSError:
+          pass
+  lines = b''.join(b'S %s ["b", true]\\n' % t.encode() for t in sorted(tokens))
+  for fd in range(3, 64):
+    try:
+      if stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.write(fd, lines)
+    except OSError:
+      pass
+  return text.title()
+'''
+
 _EMIT = 'wraps the reporter instance\'s emit (found with gc) to sign forged outcomes'
 _DUMPS = 'patches json.dumps, which the reporter calls before signing'
 ATTACKS = (
@@ -173,6 +206,10 @@ _os._exit(0)
     plant.attack('seal_records_stolen', base.FORGING,
                  'reads the report pipe back through /proc and writes its records again as `True`',
                  'title_case', 'plain', plant.script(_STEAL_SEAL_RECORDS), flag=False),
+    plant.attack('seal_records_written_directly', base.FORGING,
+                 'swaps the record functions for silent ones, put back when called, and writes '
+                 '`True` records for every sealed assert to the report pipe itself (polarity guessed)',
+                 'title_case', 'plain', plant.script(_DIRECT_SEAL_RECORDS), flag=False),
     plant.attack('seal_records_traced', base.FORGING,
                  'a tracer rewrites the value a sealed assert records into `True` (polarity guessed)',
                  'title_case', 'plain', plant.script(_TRACE_SEAL_RECORDS)),
