@@ -98,7 +98,21 @@ def test_a_test_file_smuggled_after_an_allowed_hunk_is_tampering(fixture_tasks):
 # In-process attacks on the runner, each triggered from test code through the function the
 # tests call. None implements the deleted function; the static scanner is switched off so that
 # what stops them is the runner's integrity checks and the harness's cross-checks.
-_FORGE_OUTCOME = '''
+# gc's heap walks are stopped (the runner's audit hook): these find pytest's objects in the live
+# frames instead, as code under test can.
+_LIVE = '''
+def _live(name):
+  import sys
+  frame, found = sys._getframe(), {}
+  while frame is not None:
+    for v in list(frame.f_locals.values()):
+      for o in (v, getattr(v, 'config', None), getattr(v, 'session', None)):
+        if type(o).__name__ == name:
+          found[id(o)] = o
+    frame = frame.f_back
+  return list(found.values())
+'''
+_FORGE_OUTCOME = _LIVE + '''
 def _forged(kind, fields):
   return {**fields, 'outcome': 'passed', 'message': ''} if kind == 'test' else fields
 '''
@@ -111,18 +125,15 @@ class _Forging:
     super().emit(kind, **_forged(kind, fields))
 
 def _trick():
-  import gc
-  for o in gc.get_objects():
-    if type(o).__name__ == 'Reporter':
+  for o in _live('Reporter'):
       try:  # Refused: the reporter has no instance dict.
         o.emit = lambda kind, **fields: type(o).emit(o, kind, **_forged(kind, fields))
       except AttributeError:
         o.__class__ = type('Forging', (_Forging, type(o)), {'__slots__': ()})
 '''),
-    'test item method shadowed on the instance': ('test item changed', '''
+    'test item method shadowed on the instance': ('test item changed', _LIVE + '''
 def _trick():
-  import gc
-  for o in gc.get_objects():
+  for o in _live('Session')[0].items:
     if type(o).__name__ == 'Function' and hasattr(o, 'runtest') and 'runtest' not in vars(o):
       o.runtest = lambda: None
 '''),
@@ -175,7 +186,7 @@ def _trick():
                                                        ()) for f in list(vars(module).values())):
       module.__builtins__ = dict(vars(__import__('builtins')))
 '''),
-    'hook wrapper registered through the live config': ('pytest plugins or hooks changed', '''
+    'hook wrapper registered through the live config': ('pytest plugins or hooks changed', _LIVE + '''
 import pytest
 
 class _Rewrite:
@@ -185,19 +196,16 @@ class _Rewrite:
     report.outcome, report.longrepr = 'passed', None
 
 def _trick():
-  import gc
-  for o in gc.get_objects():
-    if type(o).__name__ == 'Config' and not hasattr(o, 'forged'):
+  for o in _live('Config'):
+    if not hasattr(o, 'forged'):
       o.forged = True
       o.pluginmanager.register(_Rewrite())
 '''),
-    'collected test code swapped': ('test code replaced', '''
+    'collected test code swapped': ('test code replaced', _LIVE + '''
 def _trick():
-  import gc, types
-  for f in gc.get_objects():
-    if (isinstance(f, types.FunctionType) and f.__name__.startswith('test_')
-        and '/tests/' in f.__code__.co_filename):
-      f.__code__ = (lambda *args, **kwargs: None).__code__
+  for item in _live('Session')[0].items:
+    f = getattr(item.obj, '__func__', item.obj)
+    f.__code__ = (lambda *args, **kwargs: None).__code__
 '''),
     # In place: the class or function object stays, so identity snapshots alone miss these.
     "pytest's Function.runtest code swapped": (
@@ -266,11 +274,11 @@ def _trick():
   cls = _pytest.reports.TestReport
   cls.__bases__ = tuple(list(cls.__bases__))
 '''),
-    'events forged on the report pipe, then exit 1': ('reported twice', '''
+    'events forged on the report pipe, then exit 1': ('reported twice', _LIVE + '''
 def _trick():
-  import gc, os, sys
-  reporter = next(o for o in gc.get_objects() if type(o).__name__ == 'Reporter')
-  session = next(o for o in gc.get_objects() if type(o).__name__ == 'Session')
+  import os, sys
+  reporter, = _live('Reporter')
+  session, = _live('Session')
   for item in session.items:
     for when in ('setup', 'call', 'teardown'):
       failed = 'canary' in item.nodeid and when == 'call'
@@ -435,18 +443,25 @@ def test_report_events_of_the_wrong_shape_do_not_read():
 
 def test_seal_records_join_the_next_check_and_audit_lines_are_problems():
   """A sealed assert's record line belongs to the test whose check comes next (each distinct one
-  once); a check event's own `seals` are not read; an unreadable record and the audit hook's lines
-  are problems."""
-  lines = [b'{"kind": "runner_start", "seq": 0}', b'S t1 ["b", true]', b'S t1 ["b", true]',
-           b'S t2 ["i",  "3"]', b'{"kind": "check", "seq": 1, "nodeid": "a", "problems": []}',
-           b'S t3 ["N"]', b'S t4 [[', b'A grading code changed at run time',
+  once); a check event's own `seals` are not read; an unreadable record, a record without the
+  runner's nonce (before it, or with another), a second nonce and the audit hook's lines are
+  problems."""
+  lines = [b'S n1 t0 ["b", true]', b'N n1', b'{"kind": "runner_start", "seq": 0}',
+           b'S n1 t1 ["b", true]', b'S n1 t1 ["b", true]', b'S n1 t2 ["i",  "3"]',
+           b'S t1 ["b", true]', b'{"kind": "check", "seq": 1, "nodeid": "a", "problems": []}',
+           b'S n1 t3 ["N"]', b'S n1 t4 [[', b'A grading code changed at run time', b'N n2',
+           b'S n2 t3 ["b", false]',
            b'{"kind": "check", "seq": 2, "nodeid": "b", "problems": [], "seals": [["t9", "x"]]}',
-           b'S t5 ["N"]']
+           b'S n1 t5 ["N"]']
   events, problems = grading.read_report(b'\n'.join(lines))
   assert [e.get('seals') for e in events] == [
       None, [['t1', '["b", true]'], ['t2', '["i", "3"]']], [['t3', '["N"]']]]
-  assert problems == ['report line 6 does not read',
-                      'stopped at run time: grading code changed at run time']
+  assert problems == ['report line 0: a seal record not written by the runner',
+                      'report line 6: a seal record not written by the runner',
+                      'report line 9 does not read',
+                      'stopped at run time: grading code changed at run time',
+                      'report line 11: a second nonce',
+                      'report line 12: a seal record not written by the runner']
 
 
 # A wrong body that floods the report pipe with readable-looking events shaped to break the

@@ -52,13 +52,15 @@ def _global_loads(fn) -> set[str]:
 
 
 def test_the_record_function_and_its_writer_look_up_nothing_at_call_time(tmp_path):
-  """A sealed assert's copy of `record` calls only its `put`, and `put` and `encode` take every
-  name they use as a default bound when they were made: shadowing any global or builtin of the
-  test module or of record.py after that changes nothing they write."""
+  """A sealed assert's copy of `record` calls only its `put`, and `put`, `send` and `encode` take
+  every name they use as a default bound when they were made: shadowing any global or builtin of
+  the test module or of record.py after that changes nothing they write."""
   assert [p.__name__ for p in record.PIECES] == ['record']
   assert record.MARK in record.record.__code__.co_consts  # How the runner finds the copy.
   with open(tmp_path / 'report', 'w+b') as out:
-    put = record.recorder(out.fileno(), os.write)
+    put = record.recorder(out.fileno(), os.write, frozenset({'test_module.py'}))
+    send = put.__defaults__[0]
+    assert send.__name__ == 'send' and _global_loads(send) == set()
     assert _global_loads(record.record) == set()
     assert _global_loads(put) == set() and _global_loads(record.encode) == set()
     assert _global_loads(record.dump) == set()
@@ -66,7 +68,8 @@ def test_the_record_function_and_its_writer_look_up_nothing_at_call_time(tmp_pat
     source = sandboxed.copied(record.PIECES, '_fresh') + '\n\ndef test(v):\n  return _fresh(v, "tok")\n'
     exec(compile(source, 'test_module.py', 'exec'), namespace)  # pylint: disable=exec-used
     namespace['_fresh'].__defaults__ = (put,)
-    saved = {k: getattr(record, k) for k in ('json', 'numbers', 'operator', 'BUDGET', 'MARK')}
+    saved = {k: getattr(record, k) for k in ('json', 'numbers', 'operator', 'os', 'sys', '_signal',
+                                             'BUDGET', 'MARK')}
     try:
       for k in saved:
         setattr(record, k, None)
@@ -75,9 +78,9 @@ def test_the_record_function_and_its_writer_look_up_nothing_at_call_time(tmp_pat
       for k, v in saved.items():
         setattr(record, k, v)
     out.seek(0)
-    (line,) = out.read().decode().splitlines()
-  token, _, encoding = line.removeprefix('S ').partition(' ')
-  assert token == 'tok'
+    nonce, line = out.read().decode().splitlines()
+  mark, token, encoding = line.removeprefix('S ').split(' ', 2)
+  assert nonce.startswith('N ') and mark == nonce[2:] and len(mark) == 32 and token == 'tok'
   assert json.loads(record.text(encoding)) == record.encode([1, 'a', {2: 3.5}], 0, [100], '',
                                                             record.encode)
 

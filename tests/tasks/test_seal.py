@@ -10,6 +10,7 @@ import math
 import os
 from pathlib import Path
 import random
+import signal
 import sys
 import tempfile
 import textwrap
@@ -31,17 +32,17 @@ from research.tasks.redteam.attacks import readers
 from research.tasks.grading.sandboxed import record
 
 
-def _records(values, token='tok') -> list[list[str]]:
-  """[token, text] of what a sealed assert in a test module records of each of `values`, read
-  from the report as the harness reads it (one per distinct record)."""
+def _records(values, token='tok', call=lambda test, value: test(value)) -> list[list[str]]:
+  """[token, text] of what a sealed assert in a test module records of each of `values` (the
+  test run by `call`), read from the report as the harness reads it (one per distinct record)."""
   with tempfile.TemporaryFile() as out:
     space = {}
     source = sandboxed.copied(record.PIECES, '_fresh') + (
         f'\n\ndef test_sealed(v):\n  assert _fresh(v, {token!r})\n')
     exec(compile(source, 'test_sealed.py', 'exec'), space)  # pylint: disable=exec-used
-    space['_fresh'].__defaults__ = (record.recorder(out.fileno(), os.write),)
+    space['_fresh'].__defaults__ = (record.recorder(out.fileno(), os.write, _SEALED),)
     for value in values:
-      space['test_sealed'](value)
+      call(space['test_sealed'], value)
     out.seek(0)
     report = out.read() + b'{"kind": "check", "seq": 0, "nodeid": "t", "problems": []}\n'
   events, problems = grading.read_report(report)
@@ -118,21 +119,47 @@ def test_a_loop_over_one_assert_records_each_distinct_value_once():
   assert texts == ['same', *range(20)]  # Each met or not by itself: none stands for another.
 
 
+_SEALED = frozenset({'test_sealed.py'})  # The files whose record copies write.
+
+
 def test_a_record_from_outside_the_sealed_module_is_not_written():
   """Code under test that calls a module's record function itself (to add a record the harness
   would take for the assert's) writes nothing: the caller must run code of the sealed file and
-  module."""
+  module, and the record function must be in a sealed file; the writer behind `put` writes only
+  for `put`."""
   with tempfile.TemporaryFile() as out:
-    space = {}
+    space, elsewhere = {}, {}
     exec(compile(sandboxed.copied(record.PIECES, '_fresh'), 'test_sealed.py', 'exec'), space)  # pylint: disable=exec-used
-    space['_fresh'].__defaults__ = (put := record.recorder(out.fileno(), os.write),)
+    space['_fresh'].__defaults__ = (put := record.recorder(out.fileno(), os.write, _SEALED),)
     assert space['_fresh'](True, 'tok') is True  # Called from this file, not test_sealed.py.
     assert put(True, 'tok') is True  # And `put` itself, by anything but a record function.
     other = {}  # Code compiled under the sealed file's name, run in another module.
     exec(compile('def call(f):\n  return f(True, "tok")\n', 'test_sealed.py', 'exec'), other)  # pylint: disable=exec-used
     assert other['call'](space['_fresh']) is True
+    # A record function and its caller in a file grading did not seal.
+    exec(compile(sandboxed.copied(record.PIECES, '_fresh') + '\n\ndef call():\n  return _fresh(True, "tok")\n',
+                 'test_other.py', 'exec'), elsewhere)  # pylint: disable=exec-used
+    elsewhere['_fresh'].__defaults__ = (put,)
+    assert elsewhere['call']() is True
+    assert put.__defaults__[0]('tok', '["b", true]') is None  # The writer, called but by `put`.
     out.seek(0)
-    assert out.read() == b''
+    assert out.read().decode().splitlines()[1:] == []  # The nonce alone.
+
+
+def test_no_record_is_written_while_a_signal_handler_of_the_tree_is_set():
+  """A Python signal handler runs in the frame it interrupts, the writer's too: while one is set
+  that was not set when `put` was made, a sealed assert records nothing (its test fails)."""
+
+  def call(test, value):
+    if value != 2:
+      return test(value)
+    before = signal.signal(signal.SIGUSR1, lambda *a: None)
+    try:
+      return test(value)
+    finally:
+      signal.signal(signal.SIGUSR1, before)
+
+  assert [seal.decode(t) for _, t in _records([1, 2, 3], call=call)] == [1, 3]
 
 
 def test_equal_dicts_and_sets_record_the_same_text():
@@ -434,9 +461,28 @@ def value(how):
           return 4
       except OSError:
         pass
+  elif how == 'rerun':  # The record function called from code under the test file's name.
+    test = sys.modules['tests.test_mod'] if 'tests.test_mod' in sys.modules else sys.modules['test_mod']
+    name = [k for k, f in vars(test).items() if f in _sealed()][0]
+    exec(compile(f'{name}(4, "x")', test.__file__, 'exec'), vars(test))
+  elif how == 'writer':  # What `put` writes through, read from its defaults.
+    _sealed()[0].__defaults__[0].__defaults__
+  elif how == 'heap':
+    import gc
+    gc.get_referents(_sealed()[0])
+  elif how == 'pipe':  # Records written straight to the pipe.
+    import os, stat
+    for fd in range(3, 64):
+      try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+          os.write(fd, b'S 0123 forged ["i", "3"]\\n')
+      except OSError:
+        pass
+    return 4
   return 3
 """
-_HOWS = ('honest', 'defaults', 'code', 'trace', 'runner', 'direct', 'steal')
+_HOWS = ('honest', 'defaults', 'code', 'trace', 'runner', 'rerun', 'writer', 'heap', 'direct',
+         'steal', 'pipe')
 _FORGED_TESTS = 'from pkg import mod\n' + ''.join(
     f"\n\ndef test_{how}():\n  assert mod.value({'' if how == 'honest' else how!r}) == 3\n"
     for how in _HOWS)
@@ -444,28 +490,36 @@ _FORGED_TESTS = 'from pkg import mod\n' + ''.join(
 
 def test_code_under_test_cannot_change_how_a_sealed_assert_records(tmp_path):
   """Records leave the process at the assert, through functions whose code and defaults the
-  runner's audit hook keeps: a change of either (or of the runner's code), a tracer, are stopped
-  where they are tried and reported; a record function called by code under test writes
-  nothing; the report pipe cannot be opened again for reading (it is the harness's, and the
-  sandbox's uid is not)."""
+  runner's audit hook keeps: a change of either (or of the runner's code), a tracer, the sealed
+  file's code run again, a read of the writer's defaults, a heap walk are stopped where they
+  are tried and reported; a record function called by code under test writes nothing; the
+  report pipe cannot be opened again for reading (it is the harness's, and the sandbox's uid is
+  not); lines written to it straight are no records, and flagged."""
   tree = _tree(tmp_path / 'tree', _FORGER)
   (tree / 'tests' / 'test_mod.py').write_text(_FORGED_TESTS)
   tests = [f'tests/test_mod.py::test_{how}' for how in _HOWS]
   sealing = seal.seal_asserts(tree, seal.candidates(tree, tests), [], random.Random(0))
   run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
+  stopped = tests[1:8]
   assert {n: o for n, o in run.outcomes.items()} == {
-      **{n: 'failed' for n in tests[1:5]}, **{n: 'passed' for n in tests[:1] + tests[5:]}}
-  for nodeid in tests[1:5]:
+      **{n: 'failed' for n in stopped}, **{n: 'passed' for n in tests if n not in stopped}}
+  for nodeid in stopped:
     assert 'RuntimeError' in run.failures[nodeid]
   assert [p for p in run.problems if p.startswith('stopped')] == [
       'stopped at run time: sealed record function changed at run time',
       'stopped at run time: sealed record function changed at run time',
       'stopped at run time: tracing hook set at run time',
-      'stopped at run time: grading code changed at run time']
-  # The honest record of each passing test, and nothing of the direct call.
+      'stopped at run time: grading code changed at run time',
+      'stopped at run time: sealed test code run outside its module',
+      'stopped at run time: sealed record writer read at run time',
+      'stopped at run time: heap or frames of other threads walked at run time']
+  assert [p for p in run.problems if 'not written by the runner' in p] != []
+  # The honest record of each passing test (the `pipe` test's real assert records 4), and
+  # nothing of the direct call or the lines written straight.
   assert {n: [seal.decode(t) for _, t in r] for n, r in run.seals.items() if r} == {
-      n: [3] for n in tests[:1] + tests[5:]}
-  assert seal.judge(run.seals, sealing, [f'{n}@0' for n in tests[:1] + tests[5:]]) == ({}, [])
+      **{n: [3] for n in tests[:1] + tests[8:10]}, tests[10]: [4]}
+  assert seal.judge(run.seals, sealing, [f'{n}@0' for n in tests[:1] + tests[8:]]) == (
+      {tests[10]: 'sealed assert 0 unequal to its literal'}, [])
 
 
 def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():

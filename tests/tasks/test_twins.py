@@ -638,7 +638,7 @@ FORCE = '''
 
 def _force_every_outcome():
   """Finds pytest's live config and registers a hook wrapper that rewrites reports."""
-  import gc
+  import sys
   import pytest
 
   class Force:
@@ -649,9 +649,15 @@ def _force_every_outcome():
         report.outcome, report.longrepr = 'passed', None
       return report
 
-  for obj in gc.get_objects():
-    if type(obj).__name__ == 'Config' and hasattr(obj, 'pluginmanager'):
-      obj.pluginmanager.register(Force())
+  frame, configs = sys._getframe(), {}  # gc's heap walks are stopped: the live frames.
+  while frame is not None:
+    for v in list(frame.f_locals.values()):
+      config = v if type(v).__name__ == 'Config' else getattr(v, 'config', None)
+      if type(config).__name__ == 'Config':
+        configs[id(config)] = config
+    frame = frame.f_back
+  for obj in configs.values():
+    obj.pluginmanager.register(Force())
 
 
 _force_every_outcome()

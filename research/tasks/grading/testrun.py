@@ -115,18 +115,28 @@ def _event(line: str) -> dict | None:
 def read_report(data: bytes) -> tuple[list[dict], list[str]]:
   """Events in order, and problems with lines that do not read or are out of sequence.
 
-  Two kinds of line are no events: a sealed assert's record, `S <token> <encoding>`, written at
-  the assert (sandboxed/record.py), belongs to the test whose integrity check comes next, and
-  joins that check event's `seals` ([token, JSON text] pairs, each distinct one once); the audit
-  hook's `A <why>` (sandboxed/runner.py) is a problem.
+  Three kinds of line are no events: the runner's nonce, `N <nonce>`, written before any code
+  under test runs (sandboxed/record.py); a sealed assert's record, `S <nonce> <token>
+  <encoding>`, written at the assert, which belongs to the test whose integrity check comes
+  next and joins that check event's `seals` ([token, JSON text] pairs, each distinct one once);
+  and the audit hook's `A <why>` (sandboxed/runner.py), a problem. A record without the nonce,
+  or a second nonce, was written by code under test: a problem.
   """
-  events, problems, seals = [], [], {}
+  events, problems, seals, nonce = [], [], {}, None
   for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
+    if line.startswith('N '):
+      if nonce is not None:
+        problems.append(f'report line {i}: a second nonce')
+      nonce = nonce or line[2:]
+      continue
     if line.startswith('S '):
-      token, _, encoding = line[2:].partition(' ')
-      if line not in seals:
+      mark, _, rest = line[2:].partition(' ')
+      token, _, encoding = rest.partition(' ')
+      if nonce is None or mark != nonce:
+        problems.append(f'report line {i}: a seal record not written by the runner')
+      elif rest not in seals:
         try:
-          seals[line] = [token, record.text(encoding)]
+          seals[rest] = [token, record.text(encoding)]
         except ValueError:
           problems.append(f'report line {i} does not read')
       continue
@@ -299,7 +309,15 @@ def _runner_config(tree: Path, args: list[str], config_file: str | None, python_
           'prepend_path': [str(tree / p) if p else str(tree) for p in python_path],
           'append_path': list(site_dirs),
           'coverage_file': str(out / '.coverage') if coverage_source else None,
-          'coverage_source': [str(tree / s) for s in coverage_source or ()]}
+          'coverage_source': [str(tree / s) for s in coverage_source or ()],
+          'sealed': _sealed_files(tree, args)}
+
+
+def _sealed_files(tree: Path, args: list[str]) -> list[str]:
+  """The test files of `args` (paths or node ids) that hold a sealed assert's record function:
+  the runner lets their code run only through their module's import."""
+  files = sorted({a.split('::', 1)[0] for a in args if not a.startswith('-')})
+  return [rel for rel in files if (tree / rel).is_file() and record.MARK in (tree / rel).read_text()]
 
 
 def _verdict(done: sandbox.Completed, marker: str, kinds: dict, outcomes: dict[str, str],

@@ -1,22 +1,26 @@
 """Sealed asserts' run-time half (research/tasks/grading/seal.py): records leave the process at the
-assert.
+assert, written by the runner alone.
 
 Standard library only. `record` (PIECES), copied as source into each sealed test module under a
 fresh name (sandboxed.copied), is all a sealed assert calls: it hands the computed value and its
 token to `put`, its default argument, which the runner binds when collection ends (it finds the
 copy by MARK, a constant of its code). `put` is made by `recorder` in the runner before any code
-under test runs: it encodes the value as exact builtins (`encode`) and writes the record to the
-report pipe at once (JSON, `dump`), so nothing kept in the process can be read back, rewritten
-or dropped later.
+under test runs: it encodes the value as exact builtins (`encode`) and has its writer `send`
+write the record to the report pipe at once (JSON, `dump`) under a nonce only `send` holds, so
+nothing kept in the process can be read back, rewritten or dropped later, and nothing code under
+test writes to the pipe is a record.
 Every name they use is bound as a default argument when they are made (nothing is looked up in a
 module or in builtins at call time), and the runner's audit hook stops any change of their code or
-defaults (runner.py). `put` writes only what a sealed assert's own module calls it with: the
-caller of `record` must run code of the file and module `record` was copied into.
+defaults, and any read of record.py's functions' defaults (runner.py). `put` writes only what a
+sealed assert's own code asks: the caller of `record` must run code of the sealed test file and
+module `record` was copied into, code the runner lets run only through that module's import.
 """
+import _signal
 import json
 import json.encoder
 import numbers
 import operator
+import os
 import sys
 
 MARK = 'an expectation the grader sealed'
@@ -104,19 +108,40 @@ def dump(x, dump, _quote=json.encoder.encode_basestring_ascii, _type=type, _str=
   return '[' + _join([dump(item, dump) for item in x]) + ']'
 
 
-def recorder(fd, write):
-  """The `put` that sealed asserts' `record` copies call: writes `S <token> <JSON of the
-  encoding>` (`['?']` where encoding fails) as one line to `fd` with `write` (os.write, taken
-  before any code under test ran), and returns True. Where the caller of `record` runs code of
-  another file or module than `record`'s (code under test calling a module's copy itself), it
-  writes nothing: the harness then finds no record of that assert."""
+def recorder(fd, write, sealed, _urandom=os.urandom, _signals=_signal.valid_signals,
+             _getsignal=_signal.getsignal):
+  """The `put` that sealed asserts' `record` copies call. It writes `S <nonce> <token> <JSON of
+  the encoding>` (`['?']` where encoding fails) as one line to `fd` with `write` (os.write, taken
+  before any code under test ran), and returns True. The nonce, drawn here and announced first
+  as `N <nonce>`, is held only by `send`'s defaults: the harness takes no record without it, so
+  lines that code under test writes to the pipe itself are no records.
 
-  def put(value, token, _fd=fd, _write=write, _encode=encode, _dump=dump, _budget=BUDGET,
-          _str=str, _type=type, _exception=Exception, _frame=sys._getframe,  # pylint: disable=protected-access
-          _mark=MARK):
+  It writes nothing where the caller of `record` runs code of another file or module than
+  `record`'s, where `record` is not in one of the `sealed` files (the test files grading sealed,
+  whose code the runner lets run once: sandboxed/runner.py), or while a Python signal handler is
+  set that was not set here (a handler runs in whatever frame it interrupts). `send` writes
+  nothing unless `put` calls it, and runs no code but its own: no frame code under test can
+  reach ever holds the nonce."""
+  nonce = _urandom(16).hex()
+  write(fd, b'N ' + nonce.encode() + b'\n')
+  putcode, = [c for c in recorder.__code__.co_consts if getattr(c, 'co_name', None) == 'put']
+
+  def send(token, text, _fd=fd, _write=write, _head=b'S ' + nonce.encode() + b' ',
+           _code=putcode, _frame=sys._getframe, _encode=str.encode):  # pylint: disable=protected-access
+    if _frame(1).f_code is _code:
+      _write(_fd, _head + _encode(token + ' ' + text + '\n'))
+
+  del nonce
+  signals = tuple(sorted(_signals()))
+
+  def put(value, token, _send=send, _sealed=frozenset(sealed), _encode=encode, _dump=dump,
+          _budget=BUDGET, _str=str, _type=type, _exception=Exception, _frame=sys._getframe,  # pylint: disable=protected-access
+          _mark=MARK, _signals=signals, _handlers=tuple(map(_getsignal, signals)),
+          _getsignal=_getsignal, _all=all, _map=map, _is=operator.is_):
     frame = _frame(1)
     caller = frame.f_back
     if (_type(token) is not _str or caller is None or caller.f_globals is not frame.f_globals
+        or frame.f_code.co_filename not in _sealed
         or caller.f_code.co_filename != frame.f_code.co_filename
         or _mark not in frame.f_code.co_consts):
       return True
@@ -124,7 +149,10 @@ def recorder(fd, write):
       text = _dump(_encode(value, 0, [_budget], _mark, _encode), _dump)
     except _exception:  # pylint: disable=broad-except
       text = '["?"]'
-    _write(_fd, _str.encode('S ' + token + ' ' + text + '\n'))
+    # Nothing between this check and `send` runs code of the tree (only the main thread sets
+    # handlers, and a handler runs only there).
+    if _all(_map(_is, _map(_getsignal, _signals), _handlers)):
+      _send(token, text)
     return True
 
   return put

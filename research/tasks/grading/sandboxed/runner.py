@@ -206,24 +206,46 @@ def _seal_records(items):
 
 
 # What the audit hook acts on (besides `object.__setattr__` of functions' code and defaults).
-_AUDITED = frozenset({'object.__setattr__', 'function.__new__', 'sys.settrace', 'sys.setprofile',
-                      'ctypes.dlsym'})
+_AUDITED = frozenset({'object.__setattr__', 'object.__getattr__', 'function.__new__', 'exec',
+                      'sys.settrace', 'sys.setprofile', 'ctypes.dlsym', 'gc.get_objects',
+                      'gc.get_referents', 'gc.get_referrers', 'sys._current_frames',
+                      'sys._current_exceptions'})
 
 
-def _auditor(fd, put, tracing):
+def _auditor(fd, put, tracing, sealed):
   """An audit hook (sys.addaudithook: it stays for the life of the process) that stops, and reports
-  at once on the pipe as an `A <why>` line, what would let code under test change a sealed
-  assert's record before it is written: a change of the code or defaults of the sealed asserts'
-  `record` copies (but the runner's one binding of `put`), of any function of runner.py and
-  record.py or of the value checks planted in test modules; a copy of one (a new function on its
-  code); a tracing or profiling hook (a tracer can rewrite a running frame's locals; allowed with
-  `tracing`, under coverage); and ctypes reaching the interpreter's own C API. Like `put`, it looks
-  up nothing at call time."""
+  at once on the pipe as an `A <why>` line, what would let code under test write or change a
+  sealed assert's record:
+  - a change of the code or defaults of the sealed asserts' `record` copies (but the runner's one
+    binding of `put`), of any function of runner.py and record.py or of the value checks planted
+    in test modules; a copy of one (a new function on its code);
+  - a read of the defaults of record.py's functions (where the writer and its nonce are held),
+    and the ways around such reads: the heap walks of gc and other threads' frames;
+  - code of a `sealed` test file (path -> the file) run but by its module's one import: a second
+    run of the file's code, a function made on or given code of it, code holding its code run
+    under another name (put writes only what such code asks);
+  - a tracing or profiling hook (a tracer can rewrite a running frame's locals; allowed with
+    `tracing`, under coverage); ctypes reaching the interpreter's own C API.
+  Like `put`, it looks up nothing at call time."""
   files = (_auditor.__code__.co_filename, put.__code__.co_filename)
 
+  def sealed_in(code, _sealed=sealed, _code=type(_auditor.__code__), _type=type, _set=set):
+    """The sealed files whose code `code` holds (itself or nested)."""
+    found, stack = _set(), [code]
+    while stack:
+      c = stack.pop()
+      if c.co_filename in _sealed:
+        found.add(_sealed[c.co_filename])
+      for k in c.co_consts:  # No comprehension: its function would close over these names.
+        if _type(k) is _code:
+          stack.append(k)
+    return found
+
   def hook(event, args, _fd=fd, _write=_WRITE, _put=put, _tracing=tracing, _mark=_SEAL,
-           _checks=_VALUE_CHECKS, _files=files, _events=_AUDITED, _function=type(_auditor),
-           _type=type, _tuple=tuple, _len=len, _str=str, _error=RuntimeError,
+           _checks=_VALUE_CHECKS, _files=files, _record=files[1], _events=_AUDITED,
+           _function=type(_auditor), _code=type(_auditor.__code__), _type=type, _tuple=tuple,
+           _len=len, _str=str, _error=RuntimeError, _sealed=sealed, _sealed_in=sealed_in,
+           _ran=set(), _defaults=frozenset({'__defaults__', '__kwdefaults__'}),
            _names=frozenset({'__code__', '__defaults__', '__kwdefaults__'})):
     if event not in _events:
       return
@@ -240,15 +262,34 @@ def _auditor(fd, put, tracing):
           why = b'sealed record function changed at run time'
       elif code.co_filename in _files or _checks in code.co_consts:
         why = b'grading code changed at run time'
+      elif _type(args[2]) is _code and _sealed_in(args[2]):
+        why = b'sealed test code run outside its module'
+    elif event == 'object.__getattr__':
+      if (args[1] in _defaults and _type(args[0]) is _function
+          and args[0].__code__.co_filename == _record):
+        why = b'sealed record writer read at run time'
+    elif event == 'exec':
+      found = _sealed_in(args[0]) if _type(args[0]) is _code else ()
+      if found:
+        own = _sealed.get(args[0].co_filename)
+        if own is None or _len(found) > 1 or own in _ran:
+          why = b'sealed test code run outside its module'
+        else:
+          _ran.add(own)
     elif event == 'function.__new__':
       code = args[0]
       if _mark in code.co_consts or _checks in code.co_consts or code.co_filename in _files:
         why = b'grading code copied at run time'
+      elif _sealed_in(code):
+        why = b'sealed test code run outside its module'
     elif event in ('sys.settrace', 'sys.setprofile'):
       if not _tracing:
         why = b'tracing hook set at run time'
-    elif _type(args[1]) is _str and args[1].startswith(('Py', '_Py')):  # ctypes.dlsym
-      why = b'interpreter internals reached through ctypes'
+    elif event == 'ctypes.dlsym':
+      if _type(args[1]) is _str and args[1].startswith(('Py', '_Py')):
+        why = b'interpreter internals reached through ctypes'
+    else:  # gc's heap walks, other threads' frames.
+      why = b'heap or frames of other threads walked at run time'
     if why is not None:
       _write(_fd, b'A ' + why + b'\n')
       raise _error(why)
@@ -451,15 +492,19 @@ def main():
     import coverage
     cov = coverage.Coverage(data_file=job['coverage_file'], source=job['coverage_source'],
                             config_file=False)
-  put = _RECORD['recorder'](fd, _WRITE)
-  reporter = Reporter(fd, job['tree'], job['test_dirs'], cov, put)
+  tree = job['tree']
+  # The sealed test files under every name their code may carry (pytest imports by the real path).
+  sealed = {os.path.join(root, rel): rel for rel in job['sealed']
+            for root in (tree, os.path.realpath(tree))}
+  put = _RECORD['recorder'](fd, _WRITE, frozenset(sealed))
+  reporter = Reporter(fd, tree, job['test_dirs'], cov, put)
   reporter.emit('runner_start', pid=os.getpid())
   import pytest
   _hide_current_test()
   reporter.watch(_watched())
   if cov is not None:
     cov.start()
-  sys.addaudithook(_auditor(fd, put, tracing=cov is not None))
+  sys.addaudithook(_auditor(fd, put, cov is not None, sealed))
   code = pytest.main(job['pytest_args'], plugins=[reporter])
   if cov is not None:
     cov.stop()

@@ -137,6 +137,32 @@ _DIRECT_SEAL_RECORDS = '''\
   return text.title()
 '''
 
+# The same bet through the real record functions: each call swaps every sealed module's record
+# function for a silent one (put back when called) and has the real one record `True` for each
+# token of the module, called from code compiled under the test file's name and run in the
+# module's own namespace (the caller a record function accepts).
+_RERUN_SEAL_RECORDS = '''\
+  import re, sys
+
+  mark = 'an expectation the grader sealed'
+  for module in list(sys.modules.values()):
+    space = getattr(module, '__dict__', {})
+    for name, f in list(space.items()):
+      if callable(f) and mark in getattr(getattr(f, '__code__', None), 'co_consts', ()):
+        def silent(value, token, _space=space, _name=name, _real=f):
+          _space[_name] = _real
+          return True
+        try:
+          with open(space.get('__file__') or '') as source:
+            tokens = re.findall(re.escape(name) + r"\\(.*, '([0-9a-f]{12})'\\)", source.read())
+          code = compile(''.join(f'{name}(True, {t!r})\\n' for t in tokens), space['__file__'], 'exec')
+          exec(code, space)
+        except Exception:
+          pass
+        space[name] = silent
+  return text.title()
+'''
+
 _EMIT = 'wraps the reporter instance\'s emit (found with gc) to sign forged outcomes'
 _DUMPS = 'patches json.dumps, which the reporter calls before signing'
 ATTACKS = (
@@ -209,7 +235,11 @@ _os._exit(0)
     plant.attack('seal_records_written_directly', base.FORGING,
                  'swaps the record functions for silent ones, put back when called, and writes '
                  '`True` records for every sealed assert to the report pipe itself (polarity guessed)',
-                 'title_case', 'plain', plant.script(_DIRECT_SEAL_RECORDS), flag=False),
+                 'title_case', 'plain', plant.script(_DIRECT_SEAL_RECORDS)),
+    plant.attack('seal_records_from_test_code', base.FORGING,
+                 'swaps the record functions for silent ones and has the real ones record `True` '
+                 'from code compiled under the test file\'s name in its module (polarity guessed)',
+                 'title_case', 'plain', plant.script(_RERUN_SEAL_RECORDS)),
     plant.attack('seal_records_traced', base.FORGING,
                  'a tracer rewrites the value a sealed assert records into `True` (polarity guessed)',
                  'title_case', 'plain', plant.script(_TRACE_SEAL_RECORDS)),
