@@ -465,6 +465,10 @@ def value(how):
     test = sys.modules['tests.test_mod'] if 'tests.test_mod' in sys.modules else sys.modules['test_mod']
     name = [k for k, f in vars(test).items() if f in _sealed()][0]
     exec(compile(f'{name}(4, "x")', test.__file__, 'exec'), vars(test))
+  elif how == 'clone':  # A test function's code run in a function of code under test's making.
+    import types
+    test = sys.modules['tests.test_mod'] if 'tests.test_mod' in sys.modules else sys.modules['test_mod']
+    types.FunctionType(test.test_honest.__code__, vars(test))()
   elif how == 'writer':  # What `put` writes through, read from its defaults.
     _sealed()[0].__defaults__[0].__defaults__
   elif how == 'heap':
@@ -481,8 +485,8 @@ def value(how):
     return 4
   return 3
 """
-_HOWS = ('honest', 'defaults', 'code', 'trace', 'runner', 'rerun', 'writer', 'heap', 'direct',
-         'steal', 'pipe')
+_HOWS = ('honest', 'defaults', 'code', 'trace', 'runner', 'rerun', 'clone', 'writer', 'heap',
+         'direct', 'steal', 'pipe')
 _FORGED_TESTS = 'from pkg import mod\n' + ''.join(
     f"\n\ndef test_{how}():\n  assert mod.value({'' if how == 'honest' else how!r}) == 3\n"
     for how in _HOWS)
@@ -500,7 +504,7 @@ def test_code_under_test_cannot_change_how_a_sealed_assert_records(tmp_path):
   tests = [f'tests/test_mod.py::test_{how}' for how in _HOWS]
   sealing = seal.seal_asserts(tree, seal.candidates(tree, tests), [], random.Random(0))
   run = grading.restored(_run(tree, tmp_path / 'run'), sealing)
-  stopped = tests[1:8]
+  stopped = tests[1:9]
   assert {n: o for n, o in run.outcomes.items()} == {
       **{n: 'failed' for n in stopped}, **{n: 'passed' for n in tests if n not in stopped}}
   for nodeid in stopped:
@@ -511,15 +515,35 @@ def test_code_under_test_cannot_change_how_a_sealed_assert_records(tmp_path):
       'stopped at run time: tracing hook set at run time',
       'stopped at run time: grading code changed at run time',
       'stopped at run time: sealed test code run outside its module',
+      'stopped at run time: sealed test code run outside its module',
       'stopped at run time: sealed record writer read at run time',
       'stopped at run time: heap or frames of other threads walked at run time']
   assert [p for p in run.problems if 'not written by the runner' in p] != []
   # The honest record of each passing test (the `pipe` test's real assert records 4), and
   # nothing of the direct call or the lines written straight.
   assert {n: [seal.decode(t) for _, t in r] for n, r in run.seals.items() if r} == {
-      **{n: [3] for n in tests[:1] + tests[8:10]}, tests[10]: [4]}
-  assert seal.judge(run.seals, sealing, [f'{n}@0' for n in tests[:1] + tests[8:]]) == (
-      {tests[10]: 'sealed assert 0 unequal to its literal'}, [])
+      **{n: [3] for n in tests[:1] + tests[9:11]}, tests[11]: [4]}
+  assert seal.judge(run.seals, sealing, [f'{n}@0' for n in tests[:1] + tests[9:]]) == (
+      {tests[11]: 'sealed assert 0 unequal to its literal'}, [])
+
+
+def test_a_sealed_file_runs_only_by_its_import(tmp_path):
+  """Code under the sealed test file's name run before pytest imports it (code under test that an
+  earlier test module imports, making itself the caller a record function accepts) takes the
+  file's one run: its import is then stopped, and flagged."""
+  forger = ('import os\n\nexec(compile("x = 1", os.path.join(os.path.dirname(os.path.dirname('
+            '__file__)), "tests", "test_mod.py"), "exec"), {})\n\n\ndef value(how):\n  return 3\n')
+  tree = _tree(tmp_path / 'tree', forger)
+  (tree / 'tests' / 'test_mod.py').write_text(_FORGED_TESTS)
+  (tree / 'tests' / 'test_a.py').write_text('from pkg import mod\n\n\ndef test_a():\n  assert mod.value(0) == 3\n')
+  seal.seal_asserts(tree, seal.candidates(tree, ['tests/test_mod.py::test_honest']), [],
+                    random.Random(0))
+  (tmp_path / 'run').mkdir()
+  run = grading.run_pytest(tree, ['tests/test_a.py', 'tests/test_mod.py'], python=sys.executable,
+                           python_path=[''], site_dirs=[], config_file=None,
+                           limits=sandbox.Limits(cpu_s=30, wall_s=60), scratch=tmp_path / 'run')
+  assert run.outcomes == {'tests/test_a.py::test_a': 'passed', 'tests/test_mod.py': 'error'}
+  assert 'stopped at run time: sealed test code run outside its module' in run.problems
 
 
 def test_an_assert_that_records_nothing_fails_and_forged_records_are_flagged():

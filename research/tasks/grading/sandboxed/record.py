@@ -11,7 +11,7 @@ nothing kept in the process can be read back, rewritten or dropped later, and no
 test writes to the pipe is a record.
 Every name they use is bound as a default argument when they are made (nothing is looked up in a
 module or in builtins at call time), and the runner's audit hook stops any change of their code or
-defaults, and any read of record.py's functions' defaults (runner.py). `put` writes only what a
+defaults, and any read of the defaults of `put` and its writer (runner.py). `put` writes only what a
 sealed assert's own code asks: the caller of `record` must run code of the sealed test file and
 module `record` was copied into, code the runner lets run only through that module's import.
 """

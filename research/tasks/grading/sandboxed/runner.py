@@ -219,7 +219,7 @@ def _auditor(fd, put, tracing, sealed):
   - a change of the code or defaults of the sealed asserts' `record` copies (but the runner's one
     binding of `put`), of any function of runner.py and record.py or of the value checks planted
     in test modules; a copy of one (a new function on its code);
-  - a read of the defaults of record.py's functions (where the writer and its nonce are held),
+  - a read of the defaults of `put` and of its writer (where the writer and its nonce are held),
     and the ways around such reads: the heap walks of gc and other threads' frames;
   - code of a `sealed` test file (path -> the file) run but by its module's one import: a second
     run of the file's code, a function made on or given code of it, code holding its code run
@@ -242,15 +242,19 @@ def _auditor(fd, put, tracing, sealed):
     return found
 
   def hook(event, args, _fd=fd, _write=_WRITE, _put=put, _tracing=tracing, _mark=_SEAL,
-           _checks=_VALUE_CHECKS, _files=files, _record=files[1], _events=_AUDITED,
+           _checks=_VALUE_CHECKS, _files=files, _send=put.__defaults__[0], _events=_AUDITED,
            _function=type(_auditor), _code=type(_auditor.__code__), _type=type, _tuple=tuple,
            _len=len, _str=str, _error=RuntimeError, _sealed=sealed, _sealed_in=sealed_in,
            _ran=set(), _defaults=frozenset({'__defaults__', '__kwdefaults__'}),
            _names=frozenset({'__code__', '__defaults__', '__kwdefaults__'})):
-    if event not in _events:
-      return
     why = None
-    if event == 'object.__setattr__':
+    if event == 'object.__getattr__':  # The most frequent (the integrity checks read many).
+      if not ((args[0] is _put or args[0] is _send) and args[1] in _defaults):
+        return
+      why = b'sealed record writer read at run time'
+    elif event not in _events:
+      return
+    elif event == 'object.__setattr__':
       target = args[0]
       if _type(target) is not _function or args[1] not in _names:
         return
@@ -264,10 +268,6 @@ def _auditor(fd, put, tracing, sealed):
         why = b'grading code changed at run time'
       elif _type(args[2]) is _code and _sealed_in(args[2]):
         why = b'sealed test code run outside its module'
-    elif event == 'object.__getattr__':
-      if (args[1] in _defaults and _type(args[0]) is _function
-          and args[0].__code__.co_filename == _record):
-        why = b'sealed record writer read at run time'
     elif event == 'exec':
       found = _sealed_in(args[0]) if _type(args[0]) is _code else ()
       if found:
