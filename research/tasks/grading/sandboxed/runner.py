@@ -206,10 +206,10 @@ def _seal_records(items):
 
 
 # What the audit hook acts on (besides `object.__setattr__` of functions' code and defaults).
+_TRACING = ('sys.settrace', 'sys.setprofile', 'sys.monitoring.register_callback')  # 3.12's too.
 _AUDITED = frozenset({'object.__setattr__', 'object.__getattr__', 'function.__new__', 'exec',
-                      'sys.settrace', 'sys.setprofile', 'ctypes.dlsym', 'gc.get_objects',
-                      'gc.get_referents', 'gc.get_referrers', 'sys._current_frames',
-                      'sys._current_exceptions'})
+                      *_TRACING, 'ctypes.dlsym', 'gc.get_objects', 'gc.get_referents',
+                      'gc.get_referrers', 'sys._current_frames', 'sys._current_exceptions'})
 
 
 def _auditor(fd, put, tracing, sealed):
@@ -224,8 +224,9 @@ def _auditor(fd, put, tracing, sealed):
   - code of a `sealed` test file (path -> the file) run but by its module's one import: a second
     run of the file's code, a function made on or given code of it, code holding its code run
     under another name (put writes only what such code asks);
-  - a tracing or profiling hook (a tracer can rewrite a running frame's locals; allowed with
-    `tracing`, under coverage); ctypes reaching the interpreter's own C API.
+  - a tracing or profiling hook, or a sys.monitoring callback (Python 3.12: one sees every
+    frame it is called in; a tracer can rewrite a running frame's locals), allowed with
+    `tracing` (under coverage); ctypes reaching the interpreter's own C API.
   Like `put`, it looks up nothing at call time."""
   files = (_auditor.__code__.co_filename, put.__code__.co_filename)
 
@@ -245,7 +246,7 @@ def _auditor(fd, put, tracing, sealed):
            _checks=_VALUE_CHECKS, _files=files, _send=put.__defaults__[0], _events=_AUDITED,
            _function=type(_auditor), _code=type(_auditor.__code__), _type=type, _tuple=tuple,
            _len=len, _str=str, _error=RuntimeError, _sealed=sealed, _sealed_in=sealed_in,
-           _ran=set(), _defaults=frozenset({'__defaults__', '__kwdefaults__'}),
+           _ran=set(), _tracers=_TRACING, _defaults=frozenset({'__defaults__', '__kwdefaults__'}),
            _names=frozenset({'__code__', '__defaults__', '__kwdefaults__'})):
     why = None
     if event == 'object.__getattr__':  # The most frequent (the integrity checks read many).
@@ -282,7 +283,7 @@ def _auditor(fd, put, tracing, sealed):
         why = b'grading code copied at run time'
       elif _sealed_in(code):
         why = b'sealed test code run outside its module'
-    elif event in ('sys.settrace', 'sys.setprofile'):
+    elif event in _tracers:
       if not _tracing:
         why = b'tracing hook set at run time'
     elif event == 'ctypes.dlsym':

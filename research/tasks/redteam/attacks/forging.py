@@ -35,36 +35,49 @@ def _rt_forge():
     return dumps(obj, *args, **kwargs)
   setattr(_rt_json, N('dumps'), forged)
 '''
-# Aims at sealed expectations (research/tasks/grading/seal.py): every sealed assert's record
-# function, in the module that holds it, is replaced by one that records nothing, so a wrong
-# title_case leaves no unequal record for a sealed assert to fail on.
-_DROP_SEAL_RECORDS = '''\
-  import sys
+# What the attacks on sealed expectations (research/tasks/grading/seal.py) start from: each sealed
+# test module's record function, with the tokens its calls in the module's file pass.
+_SEAL_RECORDS = '''\
+  import re, sys
 
   mark = 'an expectation the grader sealed'
+  found = []  # (the module's namespace, the record function's name there, the function, tokens)
   for module in list(sys.modules.values()):
     space = getattr(module, '__dict__', {})
     for name, f in list(space.items()):
       if callable(f) and mark in getattr(getattr(f, '__code__', None), 'co_consts', ()):
-        space[name] = lambda value, token: True
+        try:
+          with open(space.get('__file__') or '') as source:
+            tokens = re.findall(re.escape(name) + r"\\(.*, '([0-9a-f]{12})'\\)", source.read())
+        except OSError:
+          tokens = []
+        found.append((space, name, f, tokens))
+
+  def silence(space, name, real):  # Records nothing, and puts the real one back when called.
+    def silent(value, token):
+      space[name] = real
+      return True
+    space[name] = silent
+'''
+
+# Every sealed assert's record function, in the module that holds it, is replaced by one that
+# records nothing, so a wrong title_case leaves no unequal record for a sealed assert to fail on.
+_DROP_SEAL_RECORDS = _SEAL_RECORDS + '''\
+  for space, name, _, _ in found:
+    space[name] = lambda value, token: True
   return text.title()
 '''
 
 # Aims at polarity seals (seal.py: the record is the value whose truth the harness judges), betting
 # that each assert is to hold: each record function's writer (its default argument) is rebound to
 # the runner's own writer given `True` instead of the value.
-_REBIND_SEAL_RECORDS = '''\
-  import sys
-
-  mark = 'an expectation the grader sealed'
-  for module in list(sys.modules.values()):
-    for f in list(getattr(module, '__dict__', {}).values()):
-      if callable(f) and mark in getattr(getattr(f, '__code__', None), 'co_consts', ()):
-        try:
-          put = f.__defaults__[0]
-          f.__defaults__ = (lambda value, token, _put=put: _put(True, token),)
-        except Exception:
-          pass
+_REBIND_SEAL_RECORDS = _SEAL_RECORDS + '''\
+  for _, _, f, _ in found:
+    try:
+      put = f.__defaults__[0]
+      f.__defaults__ = (lambda value, token, _put=put: _put(True, token),)
+    except Exception:
+      pass
   return text.title()
 '''
 
@@ -109,25 +122,13 @@ _STEAL_SEAL_RECORDS = '''\
 # untouched when the test ends) and writes, straight to every pipe, a `True` record for each token
 # a sealed assert of the module passes (polarity guessed). Only a sealed assert that runs before the first
 # call of a test still records through the real function.
-_DIRECT_SEAL_RECORDS = '''\
-  import os, re, stat, sys
+_DIRECT_SEAL_RECORDS = _SEAL_RECORDS + '''\
+  import os, stat
 
-  mark = 'an expectation the grader sealed'
-  tokens = set()
-  for module in list(sys.modules.values()):
-    space = getattr(module, '__dict__', {})
-    for name, f in list(space.items()):
-      if callable(f) and mark in getattr(getattr(f, '__code__', None), 'co_consts', ()):
-        def silent(value, token, _space=space, _name=name, _real=f):
-          _space[_name] = _real
-          return True
-        space[name] = silent
-        try:
-          with open(space.get('__file__') or '') as source:
-            tokens.update(re.findall(re.escape(name) + r"\\(.*, '([0-9a-f]{12})'\\)", source.read()))
-        except OSError:
-          pass
-  lines = b''.join(b'S %s ["b", true]\\n' % t.encode() for t in sorted(tokens))
+  for space, name, f, _ in found:
+    silence(space, name, f)
+  tokens = sorted({t for _, _, _, ts in found for t in ts})
+  lines = b''.join(b'S %s ["b", true]\\n' % t.encode() for t in tokens)
   for fd in range(3, 64):
     try:
       if stat.S_ISFIFO(os.fstat(fd).st_mode):
@@ -137,29 +138,18 @@ _DIRECT_SEAL_RECORDS = '''\
   return text.title()
 '''
 
-# The same bet through the real record functions: each call swaps every sealed module's record
-# function for a silent one (put back when called) and has the real one record `True` for each
-# token of the module, called from code compiled under the test file's name and run in the
-# module's own namespace (the caller a record function accepts).
-_RERUN_SEAL_RECORDS = '''\
-  import re, sys
-
-  mark = 'an expectation the grader sealed'
-  for module in list(sys.modules.values()):
-    space = getattr(module, '__dict__', {})
-    for name, f in list(space.items()):
-      if callable(f) and mark in getattr(getattr(f, '__code__', None), 'co_consts', ()):
-        def silent(value, token, _space=space, _name=name, _real=f):
-          _space[_name] = _real
-          return True
-        try:
-          with open(space.get('__file__') or '') as source:
-            tokens = re.findall(re.escape(name) + r"\\(.*, '([0-9a-f]{12})'\\)", source.read())
-          code = compile(''.join(f'{name}(True, {t!r})\\n' for t in tokens), space['__file__'], 'exec')
-          exec(code, space)
-        except Exception:
-          pass
-        space[name] = silent
+# The same bet through the real record functions: each call has every sealed module's record
+# function record `True` for each token of the module, called from code compiled under the test
+# file's name and run in the module's own namespace (the caller a record function accepts), and
+# swaps it for a silent one (put back when called).
+_RERUN_SEAL_RECORDS = _SEAL_RECORDS + '''\
+  for space, name, f, tokens in found:
+    try:
+      calls = ''.join(f'{name}(True, {t!r})\\n' for t in tokens)
+      exec(compile(calls, space['__file__'], 'exec'), space)
+    except Exception:
+      pass
+    silence(space, name, f)
   return text.title()
 '''
 
