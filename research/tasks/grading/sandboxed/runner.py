@@ -205,33 +205,29 @@ def _seal_records(items):
           [vars(m)[name] for m, (names, _) in planted.items() for name in names])
 
 
-# What the audit hook acts on (besides `object.__setattr__` of functions' code and defaults).
-_TRACING = ('sys.settrace', 'sys.setprofile', 'sys.monitoring.register_callback')  # 3.12's too.
+# What the audit hook (_auditor) stops:
+# - a change of the code or defaults of the sealed asserts' `record` copies (but the runner's one
+#   binding of `put`), of any function of runner.py and record.py or of the value checks planted
+#   in test modules; a copy of one (a new function on its code);
+# - a read of the defaults of `put` and of its writer (where the writer and its nonce are held),
+#   and the ways around such reads: the heap walks of gc and other threads' frames;
+# - code of a sealed test file run but by its module's one import: a second run of the file's
+#   code, a function made on or given code of it, code holding its code run under another name
+#   (`put` writes only what such code asks);
+# - a tracing or profiling hook, or a sys.monitoring callback (Python 3.12: one sees every frame
+#   it is called in; a tracer can rewrite a running frame's locals); ctypes reaching the
+#   interpreter's own C API.
+_TRACING = ('sys.settrace', 'sys.setprofile', 'sys.monitoring.register_callback')
 _AUDITED = frozenset({'object.__setattr__', 'object.__getattr__', 'function.__new__', 'exec',
                       *_TRACING, 'ctypes.dlsym', 'gc.get_objects', 'gc.get_referents',
                       'gc.get_referrers', 'sys._current_frames', 'sys._current_exceptions'})
 
 
-def _auditor(fd, put, tracing, sealed):
-  """An audit hook (sys.addaudithook: it stays for the life of the process) that stops, and reports
-  at once on the pipe as an `A <why>` line, what would let code under test write or change a
-  sealed assert's record:
-  - a change of the code or defaults of the sealed asserts' `record` copies (but the runner's one
-    binding of `put`), of any function of runner.py and record.py or of the value checks planted
-    in test modules; a copy of one (a new function on its code);
-  - a read of the defaults of `put` and of its writer (where the writer and its nonce are held),
-    and the ways around such reads: the heap walks of gc and other threads' frames;
-  - code of a `sealed` test file (path -> the file) run but by its module's one import: a second
-    run of the file's code, a function made on or given code of it, code holding its code run
-    under another name (put writes only what such code asks);
-  - a tracing or profiling hook, or a sys.monitoring callback (Python 3.12: one sees every
-    frame it is called in; a tracer can rewrite a running frame's locals), allowed with
-    `tracing` (under coverage); ctypes reaching the interpreter's own C API.
-  Like `put`, it looks up nothing at call time."""
-  files = (_auditor.__code__.co_filename, put.__code__.co_filename)
+def _sealed_in(sealed):
+  """A function of a code object: the `sealed` files (path -> the file) whose code it holds,
+  itself or nested; like the audit hook that calls it, it looks up nothing at call time."""
 
-  def sealed_in(code, _sealed=sealed, _code=type(_auditor.__code__), _type=type, _set=set):
-    """The sealed files whose code `code` holds (itself or nested)."""
+  def walk(code, _sealed=sealed, _code=type(_sealed_in.__code__), _type=type, _set=set):
     found, stack = _set(), [code]
     while stack:
       c = stack.pop()
@@ -242,10 +238,19 @@ def _auditor(fd, put, tracing, sealed):
           stack.append(k)
     return found
 
+  return walk
+
+
+def _auditor(fd, put, tracing, sealed):
+  """An audit hook (sys.addaudithook: it stays for the life of the process) that stops, and reports
+  at once on the pipe as an `A <why>` line, what would let code under test write or change a
+  sealed assert's record (_AUDITED says what; tracers are allowed with `tracing`, under coverage;
+  `sealed`: path -> test file). Like `put`, it looks up nothing at call time."""
   def hook(event, args, _fd=fd, _write=_WRITE, _put=put, _tracing=tracing, _mark=_SEAL,
-           _checks=_VALUE_CHECKS, _files=files, _send=put.__defaults__[0], _events=_AUDITED,
-           _function=type(_auditor), _code=type(_auditor.__code__), _type=type, _tuple=tuple,
-           _len=len, _str=str, _error=RuntimeError, _sealed=sealed, _sealed_in=sealed_in,
+           _checks=_VALUE_CHECKS, _files=(_auditor.__code__.co_filename, put.__code__.co_filename),
+           _send=put.__defaults__[0], _events=_AUDITED, _function=type(_auditor),
+           _code=type(_auditor.__code__), _type=type, _tuple=tuple, _len=len, _str=str,
+           _error=RuntimeError, _sealed=sealed, _sealed_in=_sealed_in(sealed),
            _ran=set(), _tracers=_TRACING, _defaults=frozenset({'__defaults__', '__kwdefaults__'}),
            _names=frozenset({'__code__', '__defaults__', '__kwdefaults__'})):
     why = None
