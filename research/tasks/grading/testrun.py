@@ -125,9 +125,10 @@ def read_report(data: bytes) -> tuple[list[dict], list[str]]:
   events, problems, seals, nonce = [], [], {}, None
   for i, line in enumerate(data.decode('utf-8', 'replace').splitlines()):
     if line.startswith('N '):
-      if nonce is not None:
+      if nonce is None:
+        nonce = line[2:]
+      else:
         problems.append(f'report line {i}: a second nonce')
-      nonce = nonce or line[2:]
       continue
     if line.startswith('S '):
       mark, _, rest = line[2:].partition(' ')

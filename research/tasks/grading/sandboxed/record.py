@@ -131,7 +131,6 @@ def recorder(fd, write, sealed, _urandom=os.urandom, _signals=_signal.valid_sign
     if _frame(1).f_code is _code:
       _write(_fd, _head + _encode(token + ' ' + text + '\n'))
 
-  del nonce
   signals = tuple(sorted(_signals()))
 
   def put(value, token, _send=send, _sealed=frozenset(sealed), _encode=encode, _dump=dump,
