@@ -437,6 +437,10 @@ def _sealed():
           if callable(f) and MARK in getattr(getattr(f, '__code__', None), 'co_consts', ())]
 
 
+def _test_module():
+  return sys.modules.get('tests.test_mod') or sys.modules['test_mod']
+
+
 def value(how):
   if how == 'defaults':
     for f in _sealed():
@@ -462,12 +466,12 @@ def value(how):
       except OSError:
         pass
   elif how == 'rerun':  # The record function called from code under the test file's name.
-    test = sys.modules['tests.test_mod'] if 'tests.test_mod' in sys.modules else sys.modules['test_mod']
+    test = _test_module()
     name = [k for k, f in vars(test).items() if f in _sealed()][0]
     exec(compile(f'{name}(4, "x")', test.__file__, 'exec'), vars(test))
   elif how == 'clone':  # A test function's code run in a function of code under test's making.
     import types
-    test = sys.modules['tests.test_mod'] if 'tests.test_mod' in sys.modules else sys.modules['test_mod']
+    test = _test_module()
     types.FunctionType(test.test_honest.__code__, vars(test))()
   elif how == 'writer':  # What `put` writes through, read from its defaults.
     _sealed()[0].__defaults__[0].__defaults__
