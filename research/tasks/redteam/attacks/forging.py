@@ -58,6 +58,15 @@ _SEAL_RECORDS = '''\
       space[name] = real
       return True
     space[name] = silent
+
+  def to_pipes(lines):  # Every pipe the process holds: the report pipe among them.
+    import os, stat
+    for fd in range(3, 64):
+      try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+          os.write(fd, lines)
+      except OSError:
+        pass
 '''
 
 # Every sealed assert's record function, in the module that holds it, is replaced by one that
@@ -123,18 +132,10 @@ _STEAL_SEAL_RECORDS = '''\
 # a sealed assert of the module passes (polarity guessed). Only a sealed assert that runs before the first
 # call of a test still records through the real function.
 _DIRECT_SEAL_RECORDS = _SEAL_RECORDS + '''\
-  import os, stat
-
   for space, name, f, _ in found:
     silence(space, name, f)
   tokens = sorted({t for _, _, _, ts in found for t in ts})
-  lines = b''.join(b'S %s ["b", true]\\n' % t.encode() for t in tokens)
-  for fd in range(3, 64):
-    try:
-      if stat.S_ISFIFO(os.fstat(fd).st_mode):
-        os.write(fd, lines)
-    except OSError:
-      pass
+  to_pipes(b''.join(b'S %s ["b", true]\\n' % t.encode() for t in tokens))
   return text.title()
 '''
 
@@ -158,7 +159,7 @@ _RERUN_SEAL_RECORDS = _SEAL_RECORDS + '''\
 # looks there for it; once found, it silences the record functions and writes `True` records under
 # the runner's nonce (polarity guessed).
 _INTERRUPT_SEAL_WRITER = _SEAL_RECORDS + '''\
-  import os, signal, stat
+  import signal
 
   def take(signum, frame):
     while frame is not None:
@@ -167,13 +168,7 @@ _INTERRUPT_SEAL_WRITER = _SEAL_RECORDS + '''\
         signal.setitimer(signal.ITIMER_REAL, 0)
         for space, name, f, tokens in found:
           silence(space, name, f)
-          lines = b''.join(head + t.encode() + b' ["b", true]\\n' for t in tokens)
-          for fd in range(3, 64):
-            try:
-              if stat.S_ISFIFO(os.fstat(fd).st_mode):
-                os.write(fd, lines)
-            except OSError:
-              pass
+          to_pipes(b''.join(head + t.encode() + b' ["b", true]\\n' for t in tokens))
         return
       frame = frame.f_back
 
